@@ -1,0 +1,91 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/holdfast/holdfast"
+)
+
+// Keeper tracks the safe local deadline of a session: the moment after which
+// the store may have expired the session, computed from when the last
+// acknowledged renewal was *sent* (not when its answer arrived), minus a
+// margin. Its context is cancelled at that deadline, or earlier by End.
+//
+// Time is measured with Go's monotonic clock, so wall-clock jumps do not
+// move the deadline; what remains assumed is that the local clock and the
+// store's clock run at rates that differ by less than margin/TTL.
+type Keeper struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time
+	timer    *time.Timer
+}
+
+// NewKeeper returns a Keeper whose deadline is sent+ttl-margin: pass the time
+// the session-creating request was sent and the TTL the store granted.
+func NewKeeper(sent time.Time, ttl, margin time.Duration) *Keeper {
+	k := &Keeper{}
+	k.ctx, k.cancel = context.WithCancelCause(context.Background())
+	k.deadline = sent.Add(ttl - margin)
+	k.timer = time.AfterFunc(time.Until(k.deadline), k.fire)
+	return k
+}
+
+// Context is cancelled when the session ends; its cause says why.
+func (k *Keeper) Context() context.Context { return k.ctx }
+
+// Deadline returns the current safe deadline.
+func (k *Keeper) Deadline() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.deadline
+}
+
+// Renewed records a renewal sent at sent and acknowledged with ttl. The
+// deadline only moves forward. It returns false if the Keeper has already
+// ended (a late acknowledgement cannot revive a session whose holders have
+// been told it is lost).
+func (k *Keeper) Renewed(sent time.Time, ttl, margin time.Duration) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ctx.Err() != nil {
+		return false
+	}
+	if d := sent.Add(ttl - margin); d.After(k.deadline) {
+		k.deadline = d
+		k.timer.Reset(time.Until(d))
+	}
+	return true
+}
+
+func (k *Keeper) fire() {
+	k.mu.Lock()
+	late := time.Until(k.deadline)
+	if late > 0 { // a renewal moved the deadline while this timer was firing
+		k.mu.Unlock()
+		return
+	}
+	k.mu.Unlock()
+	k.End(fmt.Errorf("%w: no renewal acknowledged before the safe deadline (TTL minus margin after the last acknowledged renewal was sent)", holdfast.ErrSessionLost))
+}
+
+// End ends the session with cause (the first cause wins) and stops the timer.
+func (k *Keeper) End(cause error) {
+	k.mu.Lock()
+	k.timer.Stop()
+	k.mu.Unlock()
+	k.cancel(cause)
+}
+
+// Err returns nil while the session lives, and its cause after.
+func (k *Keeper) Err() error {
+	if k.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(k.ctx)
+}

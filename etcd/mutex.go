@@ -1,0 +1,307 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+		"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+)
+
+// cleanupTimeout bounds the removal of a waiter's key after Lock fails.
+const cleanupTimeout = 5 * time.Second
+
+// Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
+// concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
+// lease; the holder is the key with the lowest create revision.
+//
+// A Mutex belongs to one Session. Lock and TryLock may be called from many
+// goroutines: through one Session, acquisitions of the same name take turns
+// in-process, since they share one key.
+type Mutex struct {
+	s         *Session
+	name      string
+	pfx       string // name + "/"
+	key       string // pfx + lease ID in hex
+	reentrant bool
+
+	mu   sync.Mutex
+	held *Grant // last grant, for reentrancy
+}
+
+// NewMutex returns the lock called name, taken through session s. The name is
+// a key prefix; it follows holdfast.ValidateName.
+func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
+	}
+	if err := holdfast.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	cfg := holdfast.NewLockConfig(opts...)
+	pfx := name + "/"
+	return &Mutex{
+		s:         s,
+		name:      name,
+		pfx:       pfx,
+		key:       fmt.Sprintf("%s%x", pfx, int64(s.lease)),
+		reentrant: cfg.Reentrant,
+	}, nil
+}
+
+// Name returns the lock's name.
+func (m *Mutex) Name() string { return m.name }
+
+// Key returns the key this Mutex's session holds or waits on.
+func (m *Mutex) Key() string { return m.key }
+
+// Lock waits until the lock is granted (in order of arrival), ctx is done, or
+// the session ends. On error nothing of this call is left in etcd. The
+// returned grant is an *etcd.Grant.
+func (m *Mutex) Lock(ctx context.Context) (holdfast.Grant, error) { return m.lock(ctx, true) }
+
+// TryLock takes the lock only if no key exists under the name (no holder, no
+// waiter), in one request, and returns an error wrapping holdfast.ErrLocked
+// otherwise. It writes nothing when it fails.
+func (m *Mutex) TryLock(ctx context.Context) (holdfast.Grant, error) { return m.lock(ctx, false) }
+
+func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := m.s.alive(); err != nil {
+		return nil, err
+	}
+	if m.reentrant {
+		m.mu.Lock()
+		g := m.held
+		m.mu.Unlock()
+		if g != nil && g.Reenter() {
+			return g, nil
+		}
+	}
+	var free func()
+	if wait {
+		var err error
+		if free, err = m.s.names.Acquire(ctx, m.name); err != nil {
+			return nil, err
+		}
+	} else {
+		var ok bool
+		if free, ok = m.s.names.TryAcquire(m.name); !ok {
+			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
+		}
+	}
+	var rev int64
+	var err error
+	if wait {
+		rev, err = m.acquire(ctx)
+	} else {
+		rev, err = m.tryAcquire(ctx)
+	}
+	if err == nil {
+		err = m.s.alive() // never hand out a grant of a session already lost
+		if err != nil {
+			m.cleanup(ctx, rev)
+		}
+	}
+	if err != nil {
+		free()
+		return nil, err
+	}
+	g := &Grant{client: m.s.client, rev: rev}
+	g.Grant = core.NewGrant(m.s.keeper.Context(), m.key, holdfast.Token(rev), g.release, free)
+	m.mu.Lock()
+	m.held = g
+	m.mu.Unlock()
+	return g, nil
+}
+
+// tryAcquire puts our key only if the name has no key at all.
+func (m *Mutex) tryAcquire(ctx context.Context) (int64, error) {
+	empty := clientv3.Compare(clientv3.CreateRevision(m.pfx), "=", 0).WithPrefix()
+	put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.lease))
+	resp, err := m.s.client.Txn(ctx).If(empty).Then(put).Commit()
+	if err != nil {
+		m.cleanup(ctx, 0) // the put may have applied before the error
+		return 0, m.wrap(ctx, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, m.name)
+	}
+	return resp.Header.Revision, nil
+}
+
+// acquire is the whole waiting algorithm:
+//
+//  1. One Txn puts our key (if absent) and, before the put, reads the
+//     last-created key under the name: our predecessor. None means we hold
+//     the lock.
+//  2. Otherwise watch the predecessor until it is deleted. The watch starts
+//     at the Txn's revision + 1 (so no deletion is missed) and a second one
+//     at the server's current revision (so the wake-up is not delayed by the
+//     server's 100 ms loop for watchers that start in the past).
+//  3. When it is gone, one Txn checks that our key still has our create
+//     revision (our lease is alive) and reads the new last-created key
+//     before ours. None: we hold the lock. Else go to 2.
+func (m *Mutex) acquire(ctx context.Context) (rev int64, err error) {
+	defer func() {
+		if err != nil {
+			m.cleanup(ctx, rev)
+			err = m.wrap(ctx, err)
+		}
+	}()
+	kv := m.s.client
+	before := clientv3.OpGet(m.pfx, clientv3.WithLastCreate()...)
+	put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.lease))
+	absent := clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)
+	resp, err := kv.Txn(ctx).If(absent).Then(before, put).Else(clientv3.OpGet(m.key)).Commit()
+	if err != nil {
+		return 0, err
+	}
+	var pred *mvccpb.KeyValue
+	if resp.Succeeded {
+		rev = resp.Header.Revision // our put's revision is our key's create revision
+		pred = first(resp.Responses[0].GetResponseRange())
+	} else {
+		// Our key exists already: left by an earlier holder in this session
+		// whose Unlock did not complete. Reuse it, as concurrency.Mutex does.
+		mine := first(resp.Responses[0].GetResponseRange())
+		if mine == nil {
+			return 0, errors.New("own key vanished")
+		}
+		rev = mine.CreateRevision
+		pred, resp, err = m.predecessor(ctx, rev)
+		if err != nil {
+			return rev, err
+		}
+	}
+	for pred != nil {
+		if err := m.waitDelete(ctx, string(pred.Key), resp.Header.Revision+1); err != nil {
+			return rev, err
+		}
+		if pred, resp, err = m.predecessor(ctx, rev); err != nil {
+			return rev, err
+		}
+	}
+	return rev, nil
+}
+
+// predecessor checks that our key still has create revision rev and returns
+// the last-created key before it (nil if none). Transient errors are retried
+// until ctx is done or the session ends.
+func (m *Mutex) predecessor(ctx context.Context, rev int64) (*mvccpb.KeyValue, *clientv3.TxnResponse, error) {
+	mine := clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)
+	before := clientv3.OpGet(m.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
+	pause := 20 * time.Millisecond
+	for {
+		resp, err := m.s.client.Txn(ctx).If(mine).Then(before).Commit()
+		if err == nil {
+			if !resp.Succeeded {
+				return nil, nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease expired or revoked)", holdfast.ErrSessionLost, m.key)
+			}
+			return first(resp.Responses[0].GetResponseRange()), resp, nil
+		}
+		if ctx.Err() != nil || m.s.alive() != nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, nil, err
+		}
+		select { // e.g. a leader election in progress
+		case <-time.After(pause):
+			pause = min(2*pause, time.Second)
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-m.s.keeper.Context().Done():
+			return nil, nil, err
+		}
+	}
+}
+
+// waitDelete returns when key is deleted at a revision >= from, or when a
+// watch ends for another reason (the caller then re-reads), or with an error
+// when ctx is done or the session ends.
+func (m *Mutex) waitDelete(ctx context.Context, key string, from int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	stop := context.AfterFunc(m.s.keeper.Context(), cancel)
+	defer stop()
+	// The watch from `from` is exact but joins the server's unsynced group
+	// (served every 100 ms) if the revision has moved since our read; the
+	// one from "now" is served at once but misses a deletion that happened
+	// in between. Together they are both exact and prompt.
+	exact := m.s.client.Watch(wctx, key, clientv3.WithRev(from))
+	now := m.s.client.Watch(wctx, key)
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-exact:
+		case wr, ok = <-now:
+		}
+		switch {
+		case !ok || wr.Canceled || wr.Err() != nil:
+			if err := m.s.alive(); err != nil {
+				return err
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return nil // compaction, lost leader, closed stream: re-read
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return nil
+			}
+		}
+	}
+}
+
+// cleanup removes our key after a failed Lock, with its own bounded context
+// (ctx may be the reason we failed). With rev 0 the put may or may not have
+// applied, and the key is removed whatever its revision: within one session
+// the key of a name is only used by the acquisition holding the name's slot.
+func (m *Mutex) cleanup(ctx context.Context, rev int64) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	del := clientv3.OpDelete(m.key)
+	if rev == 0 {
+		_, _ = m.s.client.Delete(cctx, m.key)
+		return
+	}
+	_, _ = m.s.client.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)).Then(del).Commit()
+}
+
+// wrap turns store errors into holdfast errors. Context errors come back as
+// the context's own error, so errors.Is(err, context.Canceled) works.
+func (m *Mutex) wrap(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, ctx.Err())
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		m.s.keeper.End(fmt.Errorf("%w: lease %x not found", holdfast.ErrSessionLost, int64(m.s.lease)))
+		return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, m.s.alive())
+	case errors.Is(err, holdfast.ErrLost), errors.Is(err, holdfast.ErrSessionClosed), errors.Is(err, holdfast.ErrLocked):
+		return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, err)
+	}
+	if serr := m.s.alive(); serr != nil {
+		return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, serr)
+	}
+	return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, err)
+}
+
+func first(r *etcdserverpb.RangeResponse) *mvccpb.KeyValue {
+	if r == nil || len(r.Kvs) == 0 {
+		return nil
+	}
+	return r.Kvs[0]
+}

@@ -1,0 +1,221 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+)
+
+const (
+	// DefaultTTL is the session TTL when WithTTL is not given.
+	DefaultTTL = 15 * time.Second
+	// MinTTL is the shortest lease TTL etcd grants with its default election
+	// timeout (1.5 x 1 s election timeout, rounded up to whole seconds).
+	MinTTL = 2 * time.Second
+	// MaxTTL is the longest lease TTL etcd accepts.
+	MaxTTL = 9_000_000_000 * time.Second
+)
+
+// retryPause is how soon a failed renewal is retried.
+const retryPause = 100 * time.Millisecond
+
+type sessionConfig struct {
+	ttl    time.Duration
+	margin time.Duration // < 0: default
+}
+
+// SessionOption configures NewSession.
+type SessionOption func(*sessionConfig)
+
+// WithTTL sets the lease TTL (default DefaultTTL). It must be a whole number
+// of seconds between MinTTL and MaxTTL. A holder that crashes keeps its locks
+// for at most the TTL; a longer TTL tolerates longer pauses and partitions
+// before a grant is lost.
+func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = ttl } }
+
+// WithMargin sets the safety margin of the local deadline (default TTL/5; at
+// most TTL/2). Every grant's context is cancelled at
+//
+//	(send time of the last acknowledged keepalive) + TTL - margin
+//
+// on this process's monotonic clock. The server cannot expire the lease
+// earlier than TTL after it received that keepalive, which is after it was
+// sent, so the holder is told before any other client can be granted its
+// locks, provided that this clock and the server's run at rates that differ
+// by less than margin/TTL (20% by default) and that the holder acts on the
+// cancellation within the rest of the margin. Clocks need not be
+// synchronized, and wall-clock jumps do not matter.
+func WithMargin(m time.Duration) SessionOption { return func(c *sessionConfig) { c.margin = m } }
+
+func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
+	c := sessionConfig{ttl: DefaultTTL, margin: -1}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	switch {
+	case c.ttl < MinTTL || c.ttl > MaxTTL:
+		return c, fmt.Errorf("%w: %v is outside etcd's range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, MaxTTL)
+	case c.ttl%time.Second != 0:
+		return c, fmt.Errorf("%w: %v is not a whole number of seconds (etcd lease TTLs are in seconds)", holdfast.ErrInvalidTTL, c.ttl)
+	}
+	if c.margin < 0 {
+		c.margin = c.ttl / 5
+	}
+	if c.margin > c.ttl/2 {
+		return c, fmt.Errorf("%w: margin %v is more than half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
+	}
+	return c, nil
+}
+
+// Session is an etcd lease kept alive in the background. Every grant taken
+// through a Session is attached to its lease, so one keepalive stream serves
+// any number of locks. When the lease cannot be renewed in time, is revoked,
+// or the Session is closed, the context of every grant is cancelled with the
+// reason.
+//
+// A Session is safe for concurrent use.
+type Session struct {
+	client *clientv3.Client
+	lease  clientv3.LeaseID
+	cfg    sessionConfig
+	keeper *core.Keeper
+	names  core.Names
+
+	stop      context.CancelFunc
+	renewDone chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewSession grants a lease on client and keeps it alive until Close or
+// until it is lost. ctx bounds only the lease grant.
+func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", holdfast.ErrInvalidArgument)
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	cfg, err := newSessionConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", err)
+	}
+	s := &Session{
+		client:    client,
+		lease:     resp.ID,
+		cfg:       cfg,
+		keeper:    core.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), cfg.margin),
+		renewDone: make(chan struct{}),
+	}
+	var rctx context.Context
+	rctx, s.stop = context.WithCancel(context.Background())
+	go s.renew(rctx)
+	return s, nil
+}
+
+// grantedTTL is the TTL the server counts down: what it answered, but never
+// more than what was asked (a conservative deadline is always safe).
+func grantedTTL(asked time.Duration, answered int64) time.Duration {
+	if d := time.Duration(answered) * time.Second; d > 0 && d < asked {
+		return d
+	}
+	return asked
+}
+
+// renew sends a keepalive every TTL/3 and retries failed ones quickly, until
+// the session ends. Each acknowledged keepalive moves the local deadline to
+// its send time + TTL - margin.
+func (s *Session) renew(ctx context.Context) {
+	defer close(s.renewDone)
+	period := s.cfg.ttl / 3
+	timer := time.NewTimer(period)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.keeper.Context().Done():
+			return
+		case <-s.client.Ctx().Done():
+			s.keeper.End(fmt.Errorf("%w: etcd client closed", holdfast.ErrSessionLost))
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		kctx, cancel := context.WithDeadline(ctx, s.keeper.Deadline())
+		resp, err := s.client.KeepAliveOnce(kctx, s.lease)
+		cancel()
+		next := period
+		switch {
+		case err == nil:
+			s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.margin)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.keeper.End(fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease)))
+			return
+		default:
+			next = retryPause // the keeper's deadline ends the session if this goes on
+		}
+		timer.Reset(next)
+	}
+}
+
+// Lease returns the ID of the session's lease.
+func (s *Session) Lease() clientv3.LeaseID { return s.lease }
+
+// Client returns the etcd client the session uses.
+func (s *Session) Client() *clientv3.Client { return s.client }
+
+// TTL returns the session's lease TTL.
+func (s *Session) TTL() time.Duration { return s.cfg.ttl }
+
+// Context is cancelled when the session ends; context.Cause tells why
+// (ErrSessionLost, or ErrSessionClosed after Close). Every grant's context is
+// a child of it.
+func (s *Session) Context() context.Context { return s.keeper.Context() }
+
+// Err returns nil while the session is alive, and why it ended after.
+func (s *Session) Err() error { return s.keeper.Err() }
+
+// Close stops the keepalives, cancels every grant of the session (cause
+// wrapping ErrLost and ErrSessionClosed) and revokes the lease, which deletes
+// every key of the session. It is idempotent. If the revoke fails, the lease
+// still expires on its own within TTL.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.stop()
+		<-s.renewDone
+		s.keeper.End(fmt.Errorf("%w: %w", holdfast.ErrLost, holdfast.ErrSessionClosed))
+		ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.ttl, 5*time.Second))
+		defer cancel()
+		if _, err := s.client.Revoke(ctx, s.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			s.closeErr = fmt.Errorf("holdfast/etcd: revoke lease %x: %w", int64(s.lease), err)
+		}
+	})
+	return s.closeErr
+}
+
+// alive returns the error to give when the session can no longer be used.
+func (s *Session) alive() error {
+	if err := s.keeper.Err(); err != nil {
+		if errors.Is(err, holdfast.ErrSessionClosed) {
+			return holdfast.ErrSessionClosed
+		}
+		return err
+	}
+	return nil
+}

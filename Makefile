@@ -1,0 +1,26 @@
+# holdfast: `make test` is the one command that runs the whole suite on a
+# fresh machine (it builds the Consul server once, then caches it).
+export GOTOOLCHAIN := local
+GO ?= go
+STATICCHECK_VERSION ?= v0.8.2
+
+.PHONY: test consul lint demo bench
+
+test: consul
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
+
+# Build (first run: about 4 minutes) or locate the cached Consul server.
+consul:
+	@./scripts/consul.sh >/dev/null
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+demo:
+	$(GO) run ./cmd/holdfast demo
+
+bench:
+	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all

@@ -1,0 +1,403 @@
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast"
+)
+
+// Backend describes a store to the suite.
+type Backend struct {
+	// NewLocker returns a Locker for name on a new session of its own, as a
+	// separate process would have, and a function that kills that session
+	// from outside (etcd: revoke the lease through another client; Consul:
+	// destroy the session), the way the store ends a crashed holder's
+	// session. Everything it creates is cleaned up with t.
+	NewLocker func(t *testing.T, name string, opts ...holdfast.LockOption) (l holdfast.Locker, kill func())
+
+	// Keys lists every key under name + "/" (full keys, as Grant.Key
+	// returns them), read through an independent client, sorted.
+	Keys func(t *testing.T, name string) []string
+
+	// LossNotice bounds how long a grant may take to see its context
+	// cancelled after kill() returns (backend-dependent: for etcd, the
+	// renewal period TTL/3 plus slack).
+	LossNotice time.Duration
+
+	// OpTimeout bounds every Lock, TryLock and Unlock that the suite
+	// expects to succeed, and the takeover after a holder's session is
+	// killed (which includes any Consul lock-delay). Zero means 30 s.
+	OpTimeout time.Duration
+}
+
+const (
+	defaultOpTimeout = 30 * time.Second
+	// keyWait bounds how long a waiter's queue key may take to appear.
+	keyWait = 10 * time.Second
+	// settle bounds how long keys may take to disappear from a read
+	// through another client after the last Unlock or a kill.
+	settle = 5 * time.Second
+	// slack is how long a call may take to return once its context is done
+	// (or it was told to return "promptly").
+	slack = 3 * time.Second
+	// poll is the interval between two reads of Keys while waiting.
+	poll = 20 * time.Millisecond
+)
+
+// subtest is one property of the suite.
+type subtest struct {
+	name string
+	fn   func(*suite)
+}
+
+// subtests is the suite, in the order Run runs it.
+var subtests = []subtest{
+	{"MutualExclusion", testMutualExclusion},
+	{"FIFO", testFIFO},
+	{"TryLock", testTryLock},
+	{"CancelCleanup", testCancelCleanup},
+	{"MonotonicTokens", testMonotonicTokens},
+	{"LossNotice", testLossNotice},
+	{"DoubleUnlock", testDoubleUnlock},
+	{"Reentrancy", testReentrancy},
+	{"ContextWhileWaiting", testContextWhileWaiting},
+	{"BadInput", testBadInput},
+}
+
+// Run runs every test of the suite as a subtest of t. Each subtest uses a
+// fresh lock name, "conformance/<subtest>/<random>". Run does not call
+// t.Parallel, and its subtests run one after another.
+func Run(t *testing.T, b Backend) {
+	t.Helper()
+	switch {
+	case b.NewLocker == nil:
+		t.Fatal("conformance: Backend.NewLocker is nil")
+	case b.Keys == nil:
+		t.Fatal("conformance: Backend.Keys is nil")
+	case b.LossNotice <= 0:
+		t.Fatal("conformance: Backend.LossNotice must be positive")
+	case b.OpTimeout < 0:
+		t.Fatal("conformance: Backend.OpTimeout is negative")
+	}
+	for _, st := range subtests {
+		t.Run(st.name, func(t *testing.T) {
+			st.fn(newSuite(t, b, st.name))
+		})
+	}
+}
+
+// suite is the state of one subtest.
+type suite struct {
+	t    *testing.T
+	b    Backend
+	name string
+	op   time.Duration
+	root context.Context // cancelled when the subtest ends
+}
+
+func newSuite(t *testing.T, b Backend, subtest string) *suite {
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		t.Fatalf("conformance: random lock name: %v", err)
+	}
+	name := "conformance/" + subtest + "/" + hex.EncodeToString(rnd[:])
+	if err := holdfast.ValidateName(name); err != nil {
+		t.Fatalf("conformance: lock name: %v", err)
+	}
+	op := b.OpTimeout
+	if op == 0 {
+		op = defaultOpTimeout
+	}
+	t.Logf("lock name %q", name)
+	return &suite{t: t, b: b, name: name, op: op, root: t.Context()}
+}
+
+// locker returns a new Locker on a session of its own.
+func (s *suite) locker(opts ...holdfast.LockOption) holdfast.Locker {
+	s.t.Helper()
+	l, _ := s.lockerKill(opts...)
+	return l
+}
+
+// lockerKill returns a new Locker and the function that kills its session.
+func (s *suite) lockerKill(opts ...holdfast.LockOption) (holdfast.Locker, func()) {
+	s.t.Helper()
+	l, kill := s.b.NewLocker(s.t, s.name, opts...)
+	if l == nil {
+		s.t.Fatal("Backend.NewLocker returned a nil Locker")
+	}
+	if kill == nil {
+		s.t.Fatal("Backend.NewLocker returned a nil kill function")
+	}
+	return l, kill
+}
+
+// ctx returns a context bounded by d and by the end of the subtest.
+func (s *suite) ctx(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(s.root, d)
+}
+
+// keys reads the keys under the lock name, sorted.
+func (s *suite) keys() []string {
+	s.t.Helper()
+	return slices.Sorted(slices.Values(s.b.Keys(s.t, s.name)))
+}
+
+// waitKeys polls the keys until ok accepts them or d has passed. It returns
+// the last keys read and whether ok accepted them.
+func (s *suite) waitKeys(d time.Duration, ok func([]string) bool) ([]string, bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ks := s.keys()
+		if ok(ks) {
+			return ks, true
+		}
+		if time.Now().After(deadline) || s.root.Err() != nil {
+			return ks, false
+		}
+		time.Sleep(poll)
+	}
+}
+
+// track makes sure g is released when the subtest ends, whatever happened
+// to it, so that a failing subtest leaves as little as possible behind (the
+// backend's own cleanup removes the rest with the sessions).
+func (s *suite) track(g holdfast.Grant) {
+	if g == nil {
+		return
+	}
+	s.t.Cleanup(func() {
+		if g.Context().Err() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), slack)
+		defer cancel()
+		_ = g.Unlock(ctx)
+	})
+}
+
+// lock takes l with Lock, bounded by the operation timeout, and fails the
+// subtest now if it cannot.
+func (s *suite) lock(l holdfast.Locker, who string) holdfast.Grant {
+	s.t.Helper()
+	return s.acquire(l, who, false)
+}
+
+// tryLock takes l with TryLock and fails the subtest now if it cannot.
+func (s *suite) tryLock(l holdfast.Locker, who string) holdfast.Grant {
+	s.t.Helper()
+	return s.acquire(l, who, true)
+}
+
+func (s *suite) acquire(l holdfast.Locker, who string, try bool) holdfast.Grant {
+	s.t.Helper()
+	verb := "Lock"
+	if try {
+		verb = "TryLock"
+	}
+	ctx, cancel := s.ctx(s.op)
+	defer cancel()
+	r := s.await(start(ctx, l, try), s.op+slack, who+": "+verb)
+	if r.err != nil {
+		s.t.Fatalf("%s: %s: %v", who, verb, r.err)
+	}
+	if r.g == nil {
+		s.t.Fatalf("%s: %s returned a nil Grant and a nil error", who, verb)
+	}
+	s.track(r.g)
+	return r.g
+}
+
+// unlock releases g with a good context and expects nil.
+func (s *suite) unlock(g holdfast.Grant, who string) {
+	s.t.Helper()
+	if err := s.unlockErr(g); err != nil {
+		s.t.Errorf("%s: Unlock: %v, want nil", who, err)
+	}
+}
+
+// unlockErr releases g with a good context, bounded, and returns its error.
+func (s *suite) unlockErr(g holdfast.Grant) error {
+	s.t.Helper()
+	ctx, cancel := s.ctx(s.op)
+	defer cancel()
+	return s.unlockWith(ctx, g)
+}
+
+// unlockWith calls g.Unlock(ctx), bounded, and returns its error.
+func (s *suite) unlockWith(ctx context.Context, g holdfast.Grant) error {
+	s.t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- g.Unlock(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(s.op + slack):
+		s.t.Fatalf("Unlock of %s did not return within %v", g.Key(), s.op+slack)
+		return nil
+	}
+}
+
+// result is what a Lock or TryLock call returned, and how long it took.
+type result struct {
+	g    holdfast.Grant
+	err  error
+	took time.Duration
+}
+
+// start calls Lock (or TryLock) in a goroutine and delivers its result.
+func start(ctx context.Context, l holdfast.Locker, try bool) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		t0 := time.Now()
+		var r result
+		if try {
+			r.g, r.err = l.TryLock(ctx)
+		} else {
+			r.g, r.err = l.Lock(ctx)
+		}
+		r.took = time.Since(t0)
+		ch <- r
+	}()
+	return ch
+}
+
+// await waits up to d for a result and fails the subtest now if none comes.
+// A grant that arrives is tracked for release at the end of the subtest.
+func (s *suite) await(ch <-chan result, d time.Duration, what string) result {
+	s.t.Helper()
+	select {
+	case r := <-ch:
+		if r.err == nil {
+			s.track(r.g)
+		}
+		return r
+	case <-time.After(d):
+		s.t.Fatalf("%s did not return within %v", what, d)
+		return result{}
+	}
+}
+
+// early reports an error if ch has a result already (a call that should
+// still be blocked) and returns that result, with true.
+func (s *suite) early(ch <-chan result, what string) (result, bool) {
+	s.t.Helper()
+	select {
+	case r := <-ch:
+		if r.err == nil {
+			s.track(r.g)
+		}
+		s.t.Errorf("%s returned while it should still be waiting: grant %s, err %v", what, describe(r.g), r.err)
+		return r, true
+	default:
+		return result{}, false
+	}
+}
+
+// waitGroup waits for wg up to d; it reports whether wg finished.
+func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// errList collects failures from goroutines other than the subtest's, so
+// that they never touch t (which they may outlive if the subtest fails).
+type errList struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (e *errList) add(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.msgs = append(e.msgs, fmt.Sprintf(format, args...))
+}
+
+// report fails t with every collected message.
+func (e *errList) report(t *testing.T) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	const max = 20
+	for i, m := range e.msgs {
+		if i == max {
+			t.Errorf("... and %d more", len(e.msgs)-max)
+			break
+		}
+		t.Error(m)
+	}
+}
+
+// describe prints a grant for failure messages.
+func describe(g holdfast.Grant) string {
+	if g == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("{key %q, token %d}", g.Key(), g.Token())
+}
+
+// isDone reports whether ctx is done, without waiting.
+func isDone(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// waitDone waits up to d for ctx to be done.
+func waitDone(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// grows accepts a key list longer than n.
+func grows(n int) func([]string) bool {
+	return func(ks []string) bool { return len(ks) > n }
+}
+
+// equals accepts exactly want.
+func equals(want []string) func([]string) bool {
+	return func(ks []string) bool { return slices.Equal(ks, want) }
+}
+
+// empty accepts no keys.
+func empty(ks []string) bool { return len(ks) == 0 }
+
+// without returns the keys of after that are not in before.
+func without(after, before []string) []string {
+	var extra []string
+	for _, k := range after {
+		if !slices.Contains(before, k) {
+			extra = append(extra, k)
+		}
+	}
+	return extra
+}
+
+// under reports whether key is under the lock name.
+func (s *suite) under(key string) bool {
+	return strings.HasPrefix(key, s.name+"/") && len(key) > len(s.name)+1
+}

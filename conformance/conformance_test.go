@@ -1,0 +1,169 @@
+package conformance_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/conformance"
+)
+
+const (
+	// lossNotice and opTimeout are the fake's bounds: it notices a killed
+	// session at once, so these only bound how long a broken fake stalls.
+	lossNotice = time.Second
+	opTimeout  = 10 * time.Second
+
+	// bugEnv selects the bug of the fake that TestBrokenFakeHelper runs the
+	// suite against, in a child process.
+	bugEnv = "HOLDFAST_CONFORMANCE_FAKE_BUG"
+	helper = "TestBrokenFakeHelper"
+)
+
+// TestFake runs the suite against the correct fake: every subtest passes
+// and no goroutine is left behind.
+func TestFake(t *testing.T) {
+	conformance.CheckGoroutines(t)
+	conformance.Run(t, newFakeStore("").backend())
+}
+
+// TestBrokenFakeHelper runs the suite against a broken fake. It does
+// something only in the child processes of TestSuiteCatchesBrokenFakes,
+// which expect it to fail.
+func TestBrokenFakeHelper(t *testing.T) {
+	bug := os.Getenv(bugEnv)
+	if bug == "" {
+		t.Skip("child process of TestSuiteCatchesBrokenFakes")
+	}
+	conformance.CheckGoroutines(t)
+	conformance.Run(t, newFakeStore(bug).backend())
+}
+
+// brokenFakes lists each bug with the subtests that must catch it
+// ("CheckGoroutines" stands for the goroutine-leak check).
+var brokenFakes = []struct {
+	bug      string
+	mustFail []string
+}{
+	{bugLIFO, []string{"FIFO"}},
+	{bugNoExclusion, []string{"MutualExclusion"}},
+	{bugSessionToken, []string{"MutualExclusion", "LossNotice"}},
+	{bugTryLockBlocks, []string{"TryLock"}},
+	{bugLeakyCancel, []string{"CancelCleanup"}},
+	{bugReleaseCause, []string{"MonotonicTokens", "Reentrancy"}},
+	{bugNoLossNotice, []string{"LossNotice"}},
+	{bugUnguardedUnlock, []string{"LossNotice", "DoubleUnlock", "Reentrancy"}},
+	{bugReentrantIgnored, []string{"Reentrancy"}},
+	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
+	{bugUnlockCancelDrops, []string{"BadInput"}},
+	{bugLeakGoroutine, []string{"CheckGoroutines"}},
+}
+
+var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
+
+// TestSuiteCatchesBrokenFakes runs the whole suite against each broken fake
+// in a child process (a failing subtest cannot be observed from inside the
+// same test binary without failing it) and checks that the subtests meant
+// to catch the bug fail, and that every subtest catches at least one bug.
+// With -short, each child runs only the subtests meant to catch its bug.
+func TestSuiteCatchesBrokenFakes(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		seen    = map[string]bool{}
+		catches = map[string][]string{} // subtest -> bugs it caught
+	)
+	t.Run("bugs", func(t *testing.T) {
+		for _, bf := range brokenFakes {
+			t.Run(bf.bug, func(t *testing.T) {
+				t.Parallel()
+				ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+				defer cancel()
+				run := "^" + helper + "$"
+				if testing.Short() {
+					// Only the subtests meant to catch the bug.
+					targets := slices.DeleteFunc(slices.Clone(bf.mustFail), func(s string) bool { return s == "CheckGoroutines" })
+					if len(targets) == 0 {
+						targets = []string{"MonotonicTokens"}
+					}
+					run += "/^(" + strings.Join(targets, "|") + ")$"
+				}
+				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=2m")
+				cmd.Env = append(os.Environ(), bugEnv+"="+bf.bug)
+				outb, err := cmd.CombinedOutput()
+				out := string(outb)
+				if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) {
+					t.Fatalf("child process with bug %s: %v, want it to exit with a failure\n%s", bf.bug, err, out)
+				}
+				if strings.Contains(out, "panic:") {
+					t.Fatalf("child process with bug %s panicked:\n%s", bf.bug, out)
+				}
+				var failed, passed []string
+				for _, m := range subtestLine.FindAllStringSubmatch(out, -1) {
+					switch m[1] {
+					case "FAIL":
+						failed = append(failed, m[2])
+					case "PASS":
+						passed = append(passed, m[2])
+					default:
+						t.Errorf("subtest %s skipped", m[2])
+					}
+				}
+				if strings.Contains(out, "goroutine leak:") {
+					failed = append(failed, "CheckGoroutines")
+				}
+				t.Logf("bug %-22s caught by %v; passed: %v", bf.bug, failed, passed)
+				for _, want := range bf.mustFail {
+					if !slices.Contains(failed, want) {
+						t.Errorf("bug %s: subtest %s passed, want it to fail\n%s", bf.bug, want, out)
+					}
+				}
+				if bf.bug == bugLeakGoroutine && !strings.Contains(out, "(*fakeGrant).watch") {
+					t.Errorf("bug %s: the leak report does not show the leaked goroutine's stack\n%s", bf.bug, out)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, name := range append(failed, passed...) {
+					if name != "CheckGoroutines" {
+						seen[name] = true
+					}
+				}
+				for _, name := range failed {
+					catches[name] = append(catches[name], bf.bug)
+				}
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	if !testing.Short() {
+		for _, name := range allSubtests {
+			if !seen[name] {
+				t.Errorf("subtest %s did not run in the children", name)
+			}
+		}
+		for name := range seen {
+			if !slices.Contains(allSubtests, name) {
+				t.Errorf("subtest %s ran in the children but is not listed in allSubtests", name)
+			}
+		}
+	}
+	for _, name := range allSubtests {
+		if len(catches[name]) == 0 {
+			t.Errorf("subtest %s caught none of the bugs", name)
+		}
+	}
+}
+
+// allSubtests are the subtests conformance.Run runs.
+var allSubtests = []string{
+	"MutualExclusion", "FIFO", "TryLock", "CancelCleanup", "MonotonicTokens",
+	"LossNotice", "DoubleUnlock", "Reentrancy", "ContextWhileWaiting", "BadInput",
+}

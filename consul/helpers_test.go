@@ -1,0 +1,221 @@
+package consul
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// shared is the agent most tests share (lock names are unique per test).
+var shared struct {
+	once  sync.Once
+	agent *embedtest.ConsulAgent
+	err   error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.agent != nil {
+		shared.agent.Close()
+	}
+	os.Exit(code)
+}
+
+// agent returns the shared Consul agent, starting it on first use.
+func agent(t testing.TB) *embedtest.ConsulAgent {
+	t.Helper()
+	shared.once.Do(func() { shared.agent, shared.err = embedtest.StartConsul() })
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.agent
+}
+
+// uniqueName returns a fresh lock name for the test.
+func uniqueName(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "test/" + strings.ReplaceAll(t.Name(), "/", "-") + "/" + hex.EncodeToString(b[:])
+}
+
+// newSession creates a session closed with the test.
+func newSession(t testing.TB, c *api.Client, opts ...SessionOption) *Session {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewSession(ctx, c, opts...)
+	if err != nil {
+		t.Fatalf("NewSession: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// newMutex returns a Mutex or fails the test.
+func newMutex(t testing.TB, s *Session, name string) *Mutex {
+	t.Helper()
+	m, err := NewMutex(s, name)
+	if err != nil {
+		t.Fatalf("NewMutex(%q): %v", name, err)
+	}
+	return m
+}
+
+// keys lists every key under name + "/".
+func keys(t testing.TB, c *api.Client, name string) []string {
+	t.Helper()
+	ks, _, err := c.KV().Keys(name+"/", "", nil)
+	if err != nil {
+		t.Fatalf("list keys under %s/: %v", name, err)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// destroy destroys a session through c, as Consul would invalidate it.
+func destroy(t testing.TB, c *api.Client, id string) {
+	t.Helper()
+	if _, err := c.Session().Destroy(id, nil); err != nil {
+		t.Fatalf("destroy session %s: %v", id, err)
+	}
+}
+
+// timeout returns a context bounded by d and by the test.
+func timeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond every 5 ms up to d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// counter counts the HTTP requests of a client.
+type counter struct {
+	base http.RoundTripper
+	n    atomic.Int64
+}
+
+func (c *counter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.base.RoundTrip(r)
+}
+
+// countingClient returns a client of a whose requests are counted.
+func countingClient(t testing.TB, a *embedtest.ConsulAgent) (*api.Client, *counter) {
+	t.Helper()
+	tr := cleanhttp.DefaultPooledTransport()
+	t.Cleanup(tr.CloseIdleConnections)
+	cnt := &counter{base: tr}
+	c, err := a.NewClient(func(cfg *api.Config) { cfg.HttpClient = &http.Client{Transport: cnt} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cnt
+}
+
+// proxy is a TCP proxy to a Consul agent that can be switched to a
+// blackhole: it then keeps every connection open and forwards nothing, in
+// either direction, as a network partition would.
+type proxy struct {
+	ln       net.Listener
+	target   string
+	blackout atomic.Bool
+
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(up, c)
+		go p.pipe(c, up)
+	}
+}
+
+// pipe copies src to dst, dropping everything while blacked out.
+func (p *proxy) pipe(dst io.Writer, src io.Reader) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.blackout.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *proxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// isCtx reports whether err is a context error.
+func isCtx(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

@@ -1,0 +1,593 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+)
+
+const (
+	// DefaultTTL is the session TTL when WithTTL is not given.
+	DefaultTTL = 15 * time.Second
+	// MinTTL is the shortest session TTL Consul accepts (the server's default
+	// session_ttl_min).
+	MinTTL = 10 * time.Second
+	// MaxTTL is the longest session TTL Consul accepts.
+	MaxTTL = 24 * time.Hour
+	// DefaultLockDelay is Consul's own default lock-delay.
+	DefaultLockDelay = 15 * time.Second
+	// MaxLockDelay is the longest lock-delay Consul applies.
+	MaxLockDelay = 60 * time.Second
+	// DefaultSessionName is the session name when WithSessionName is not
+	// given.
+	DefaultSessionName = "holdfast"
+)
+
+const (
+	// requestTimeout bounds every non-blocking HTTP request.
+	requestTimeout = 10 * time.Second
+	// blockWait is the wait time of blocking queries on lock and queue keys:
+	// a waiter re-reads at least this often.
+	blockWait = 5 * time.Second
+	// monitorWait is the wait time of the blocking query that watches the
+	// session itself.
+	monitorWait = 10 * time.Second
+	// closeTimeout bounds the requests Close makes.
+	closeTimeout = 10 * time.Second
+	// minPause and maxPause bound the pause before a failed background
+	// request (renewal, session watch) is retried; it doubles from one to
+	// the other.
+	minPause = 50 * time.Millisecond
+	maxPause = time.Second
+	// maxDelayCache bounds the cache of other sessions' lock-delays.
+	maxDelayCache = 1024
+)
+
+// blockTimeout is the client-side timeout of a blocking query with the given
+// wait: Consul adds up to wait/16 of jitter, and the answer needs a moment.
+func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*time.Second }
+
+type sessionConfig struct {
+	ttl        time.Duration
+	margin     time.Duration
+	marginSet  bool // else margin = TTL/5
+	lockDelay  time.Duration
+	behavior   string
+	nodeChecks []string
+	name       string
+}
+
+// SessionOption configures NewSession.
+type SessionOption func(*sessionConfig)
+
+// WithTTL sets the session TTL (default DefaultTTL). Consul accepts MinTTL
+// (10 s) to MaxTTL (24 h); anything else is an error wrapping
+// holdfast.ErrInvalidTTL, returned before any request. A holder that crashes
+// keeps its locks until Consul invalidates its session, which happens between
+// TTL and 2 x TTL after the last renewal reached the server.
+func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
+
+// WithMargin sets the safety margin of the local deadline (default TTL/5;
+// from 0 to TTL/2, else an error wrapping holdfast.ErrInvalidTTL). The
+// context of every grant of the session is cancelled at
+//
+//	(send time of the last acknowledged renewal) + TTL - margin
+//
+// on this process's monotonic clock. Consul cannot invalidate the session
+// earlier than TTL after it received that renewal (it actually waits up to
+// 2 x TTL), and the renewal was received after it was sent, so the holder is
+// told before any other client can acquire its locks, provided that this
+// clock and the Consul leader's run at rates that differ by less than
+// margin/TTL (20% by default), and that the holder acts on the cancellation
+// within the rest of the margin. This assumes bounded clock-rate drift, not
+// synchronized clocks: wall-clock steps on either side do not matter.
+//
+// It also assumes the session is invalidated only by its TTL: see
+// WithNodeChecks.
+func WithMargin(d time.Duration) SessionOption {
+	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
+}
+
+// WithLockDelay sets the session's lock-delay (default DefaultLockDelay, 15
+// s, Consul's default). After Consul invalidates a session (TTL expiry,
+// destroy, failed health check), the keys it held cannot be acquired by
+// anyone for that long; a normal Unlock imposes no delay. 0 disables it: it
+// is really sent as "0s" (the Go API client cannot express 0). More than
+// MaxLockDelay (60 s), or negative, is an error wrapping
+// holdfast.ErrInvalidArgument. Delays are sent in whole milliseconds.
+//
+// Lock-delay is a second line of defence for holders that do not use their
+// grant's context or fencing tokens: it gives a paused holder that much more
+// time to notice before anyone else gets in. holdfast waiters acquire at the
+// end of the delay (not rounded up to 5 s retry ticks as with api.Lock).
+func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig) { c.lockDelay = d } }
+
+// WithBehavior sets what Consul does to the session's keys when it
+// invalidates the session: api.SessionBehaviorRelease (the default; lock keys
+// stay, unlocked) or api.SessionBehaviorDelete (they are deleted). Anything
+// else is an error wrapping holdfast.ErrInvalidArgument. Either works for
+// locks; holdfast deletes its own keys when it can.
+func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.behavior = b } }
+
+// WithNodeChecks ties the session to health checks of the agent's node (for
+// example "serfHealth", which Consul itself uses by default for sessions
+// created without options).
+//
+// The default here is no checks at all: Consul then invalidates the session
+// only when its TTL runs out (or it is destroyed), which the safe local
+// deadline (see WithMargin) anticipates. A node check favours liveness over
+// safety: when the node is declared failed, the session is invalidated at
+// once, so its locks free up faster, but the server may do so with no
+// advance notice to the holder, which may still be running (a holder on a
+// node that is merely partitioned from the servers, for instance). With node
+// checks, rely on fencing tokens (Grant.Token) or guarded writes (Grant.Txn),
+// not on the grant's context alone.
+func WithNodeChecks(ids ...string) SessionOption {
+	ids = slices.Clone(ids)
+	return func(c *sessionConfig) { c.nodeChecks = ids }
+}
+
+// WithSessionName sets the session's name, as shown by Consul (default
+// DefaultSessionName).
+func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
+
+func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
+	c := sessionConfig{
+		ttl:       DefaultTTL,
+		lockDelay: DefaultLockDelay,
+		behavior:  api.SessionBehaviorRelease,
+		name:      DefaultSessionName,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if !c.marginSet {
+		c.margin = c.ttl / 5
+	}
+	switch {
+	case c.ttl < MinTTL || c.ttl > MaxTTL:
+		return c, fmt.Errorf("%w: %v is outside Consul's session TTL range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, MaxTTL)
+	case c.margin < 0 || c.margin > c.ttl/2:
+		return c, fmt.Errorf("%w: margin %v is not between 0 and half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
+	case c.lockDelay < 0 || c.lockDelay > MaxLockDelay:
+		return c, fmt.Errorf("%w: lock-delay %v is not between 0 and %v", holdfast.ErrInvalidArgument, c.lockDelay, MaxLockDelay)
+	case c.behavior != api.SessionBehaviorRelease && c.behavior != api.SessionBehaviorDelete:
+		return c, fmt.Errorf("%w: session behavior %q is neither %q nor %q", holdfast.ErrInvalidArgument, c.behavior, api.SessionBehaviorRelease, api.SessionBehaviorDelete)
+	}
+	for _, id := range c.nodeChecks {
+		if id == "" {
+			return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
+		}
+	}
+	return c, nil
+}
+
+// Session is a Consul session renewed in the background. Every lock taken
+// through a Session is acquired with it, so one session and one renewal
+// serve any number of locks. When the session cannot be renewed before its
+// safe local deadline, Consul says it no longer exists, or the Session is
+// closed, the context of every grant is cancelled with the reason. A
+// Session does not come back after that: Close it (which gives its keys back
+// at once if Consul can still be reached) and create a new one.
+//
+// A Session is safe for concurrent use.
+type Session struct {
+	client *api.Client
+	id     string
+	cfg    sessionConfig
+	keeper *core.Keeper
+	names  core.Names
+
+	stop context.CancelFunc // stops the background goroutines
+	bg   sync.WaitGroup     // the background goroutines
+
+	mu        sync.Mutex
+	closed    bool
+	ops       sync.WaitGroup           // acquisitions in progress
+	held      map[string]uint64        // lock key -> token, of grants held in Consul
+	delays    map[string]time.Duration // lock-delay of other sessions, by ID
+	leftovers map[string]leftover      // by lock name: cleanups to retry
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewSession creates a Consul session through client and renews it until
+// Close, or until it is lost. ctx bounds only the creation. Options are
+// checked before any request; a nil client is an error wrapping
+// holdfast.ErrInvalidArgument, and an ACL refusal one wrapping
+// holdfast.ErrPermissionDenied.
+func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) (*Session, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil Consul client", holdfast.ErrInvalidArgument)
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	cfg, err := newSessionConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	// The Go API omits a zero LockDelay (and then the server applies 15 s),
+	// so the body is written here, with every field explicit.
+	checks := cfg.nodeChecks
+	if checks == nil {
+		checks = []string{}
+	}
+	body := map[string]any{
+		"Name":       cfg.name,
+		"TTL":        cfg.ttl.String(),
+		"LockDelay":  fmt.Sprintf("%dms", ceilMillis(cfg.lockDelay)),
+		"Behavior":   cfg.behavior,
+		"NodeChecks": checks,
+	}
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	var out struct{ ID string }
+	sent := time.Now()
+	if _, err := client.Raw().Write("/v1/session/create", body, &out, writeOpts(cctx)); err != nil {
+		return nil, apiError("create session", err)
+	}
+	if out.ID == "" {
+		return nil, errors.New("holdfast/consul: create session: empty session ID in the answer")
+	}
+	s := &Session{
+		client:    client,
+		id:        out.ID,
+		cfg:       cfg,
+		keeper:    core.NewKeeper(sent, cfg.ttl, cfg.margin),
+		held:      make(map[string]uint64),
+		delays:    make(map[string]time.Duration),
+		leftovers: make(map[string]leftover),
+	}
+	bctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.bg.Add(2)
+	go s.renew(bctx)
+	go s.watch(bctx)
+	return s, nil
+}
+
+// ceilMillis is d in milliseconds, rounded up.
+func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }
+
+// renew renews the session every TTL/3, and retries a failed renewal quickly
+// (50 ms, doubling up to 1 s) until the keeper's deadline ends the session;
+// each attempt times out at that deadline, or after requestTimeout. Each
+// acknowledged renewal moves the deadline to its send time + TTL - margin.
+// An answer that the session does not exist ends it at once. After a
+// renewal, cleanups that failed earlier are retried (for at most TTL/6).
+func (s *Session) renew(ctx context.Context) {
+	defer s.bg.Done()
+	period := s.cfg.ttl / 3
+	pause := minPause
+	timer := time.NewTimer(period)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.keeper.Context().Done():
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		deadline := s.keeper.Deadline()
+		if d := sent.Add(requestTimeout); d.Before(deadline) {
+			deadline = d
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		ttl, err := s.renewOnce(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			s.keeper.Renewed(sent, ttl, s.cfg.margin)
+			pause = minPause
+			lctx, cancel := context.WithTimeout(ctx, period/2) // never delays the next renewal
+			s.retryLeftovers(lctx)
+			cancel()
+			timer.Reset(period - time.Since(sent))
+		case errors.Is(err, errSessionGone):
+			s.keeper.End(fmt.Errorf("%w: consul session %s: renewal answered: %w", holdfast.ErrSessionLost, s.id, err))
+			return
+		default:
+			timer.Reset(pause)
+			pause = min(2*pause, maxPause)
+		}
+	}
+}
+
+// renewOnce sends one renewal and returns the TTL Consul counts down: what it
+// answered, but never more than what was asked.
+func (s *Session) renewOnce(ctx context.Context) (time.Duration, error) {
+	var entries []*api.SessionEntry
+	_, err := s.client.Raw().Write("/v1/session/renew/"+s.id, nil, &entries, writeOpts(ctx))
+	switch {
+	case statusCode(err) == http.StatusNotFound:
+		return 0, errSessionGone
+	case err != nil:
+		return 0, err
+	case len(entries) == 0:
+		return 0, errors.New("empty renewal answer")
+	}
+	ttl := s.cfg.ttl
+	if d, err := time.ParseDuration(entries[0].TTL); err == nil && d > 0 && d < ttl {
+		ttl = d
+	}
+	return ttl, nil
+}
+
+// watch follows the session with a blocking query, so that a session
+// destroyed or invalidated in Consul ends at once here, rather than at the
+// next renewal. Errors never end the session (the keeper's deadline does
+// that): transient ones are retried, and a refusal (an ACL without
+// session:read, say) stops the watch, leaving the renewals alone in charge.
+func (s *Session) watch(ctx context.Context) {
+	defer s.bg.Done()
+	var index uint64
+	pause := minPause
+	for ctx.Err() == nil && s.keeper.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, blockTimeout(monitorWait))
+		q := &api.QueryOptions{WaitIndex: index, WaitTime: monitorWait}
+		entry, meta, err := s.client.Session().Info(s.id, q.WithContext(qctx))
+		cancel()
+		if code := statusCode(err); code >= 400 && code < 500 {
+			return
+		}
+		if err != nil {
+			sleep(ctx, pause)
+			pause = min(2*pause, maxPause)
+			continue
+		}
+		pause = minPause
+		if entry == nil {
+			s.keeper.End(fmt.Errorf("%w: consul session %s was destroyed or invalidated", holdfast.ErrSessionLost, s.id))
+			return
+		}
+		index = meta.LastIndex
+	}
+}
+
+// sleep waits for d or until ctx is done, and reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// ID returns the Consul session ID.
+func (s *Session) ID() string { return s.id }
+
+// Client returns the Consul client the session uses.
+func (s *Session) Client() *api.Client { return s.client }
+
+// TTL returns the session TTL.
+func (s *Session) TTL() time.Duration { return s.cfg.ttl }
+
+// LockDelay returns the session's lock-delay.
+func (s *Session) LockDelay() time.Duration { return s.cfg.lockDelay }
+
+// Context is cancelled when the session ends; context.Cause tells why (an
+// error wrapping holdfast.ErrSessionLost, or holdfast.ErrSessionClosed after
+// Close). Every grant's context is a child of it.
+func (s *Session) Context() context.Context { return s.keeper.Context() }
+
+// Err returns nil while the session is alive, and why it ended after.
+func (s *Session) Err() error { return s.keeper.Err() }
+
+// Close stops the renewals, cancels every grant of the session (cause
+// wrapping holdfast.ErrLost and holdfast.ErrSessionClosed), waits for
+// acquisitions in progress to clean up, releases the locks the session still
+// holds in Consul (so that no lock-delay applies to them) and destroys the
+// session. It is idempotent; later use of the session fails with
+// holdfast.ErrSessionClosed. If a request fails, Consul still invalidates
+// the session on its own within 2 x TTL.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Session) close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.keeper.End(fmt.Errorf("%w: %w", holdfast.ErrLost, holdfast.ErrSessionClosed))
+	s.stop()
+	s.ops.Wait()
+	s.bg.Wait()
+
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	s.mu.Lock()
+	held := maps.Clone(s.held)
+	s.mu.Unlock()
+	var errs []error
+	s.retryLeftovers(ctx)
+	for key, token := range held {
+		if err := s.release(ctx, key, token); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := s.client.Session().Destroy(s.id, writeOpts(ctx)); err != nil {
+		errs = append(errs, apiError("destroy session "+s.id, err))
+	}
+	return errors.Join(errs...)
+}
+
+// begin registers an acquisition, so that Close waits for it to clean up.
+func (s *Session) begin() (end func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("%w: consul session %s", holdfast.ErrSessionClosed, s.id)
+	}
+	if err := s.keeper.Err(); err != nil {
+		return nil, err
+	}
+	s.ops.Add(1)
+	return s.ops.Done, nil
+}
+
+// alive returns nil if the session can still be used.
+func (s *Session) alive() error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return fmt.Errorf("%w: consul session %s", holdfast.ErrSessionClosed, s.id)
+	}
+	return s.keeper.Err()
+}
+
+// bind returns a context that ends with ctx or with the session, whichever
+// comes first; in the second case its cause is the session's.
+func (s *Session) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.keeper.Context(), func() { cancel(s.keeper.Err()) })
+	return bctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// hold records that the session holds key in Consul with token.
+func (s *Session) hold(key string, token uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[key] = token
+}
+
+// release deletes key if the session still holds it with token: the guarded
+// delete behind Unlock. It returns an error wrapping holdfast.ErrNotHeld if
+// the guard fails.
+func (s *Session) release(ctx context.Context, key string, token uint64) error {
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: key, Session: s.id}},
+		{KV: &api.KVTxnOp{Verb: api.KVDeleteCAS, Key: key, Index: token}},
+	}
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("unlock "+key, rb)
+	case rb != nil:
+		err = fmt.Errorf("%w: %s is no longer held by session %s with index %d", holdfast.ErrNotHeld, key, s.id, token)
+	case err != nil:
+		return err
+	}
+	s.mu.Lock()
+	if s.held[key] == token {
+		delete(s.held, key)
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// lockDelayOf returns the lock-delay of another session, if it can be
+// learnt: from a cache, or from Consul while the session still exists.
+func (s *Session) lockDelayOf(ctx context.Context, id string) (time.Duration, bool) {
+	s.mu.Lock()
+	d, ok := s.delays[id]
+	s.mu.Unlock()
+	if ok {
+		return d, true
+	}
+	ictx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	entry, _, err := s.client.Session().Info(id, (&api.QueryOptions{}).WithContext(ictx))
+	if err != nil || entry == nil {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.delays) >= maxDelayCache {
+		clear(s.delays)
+	}
+	s.delays[id] = entry.LockDelay
+	return entry.LockDelay, true
+}
+
+// leftover is what a failed acquisition could not clean up: its queue key,
+// and the lock key if an acquire of unknown outcome may have taken it.
+type leftover struct {
+	name, lockKey, queueKey string
+	queued, uncertain       bool
+}
+
+// clean removes a leftover: the lock key only if our session holds it, the
+// queue key (named after our session) in any case. The caller must hold the
+// name in s.names, so that no grant or acquisition of ours uses these keys.
+func (s *Session) clean(ctx context.Context, l leftover) error {
+	if l.uncertain {
+		pair, _, err := s.client.KV().Get(l.lockKey, (&api.QueryOptions{}).WithContext(ctx))
+		if err != nil {
+			return err
+		}
+		if pair != nil && pair.Session == s.id {
+			if err := s.release(ctx, l.lockKey, pair.ModifyIndex); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+				return err
+			}
+		}
+	}
+	if l.queued {
+		if _, err := s.txn(ctx, api.TxnOps{kvOp(api.KVDelete, l.queueKey)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addLeftover records a cleanup to retry.
+func (s *Session) addLeftover(l leftover) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.leftovers[l.name]; ok {
+		l.queued = l.queued || old.queued
+		l.uncertain = l.uncertain || old.uncertain
+	}
+	s.leftovers[l.name] = l
+}
+
+// retryLeftovers retries the recorded cleanups of names that no acquisition
+// or grant of this session uses at the moment.
+func (s *Session) retryLeftovers(ctx context.Context) {
+	s.mu.Lock()
+	ls := slices.Collect(maps.Values(s.leftovers))
+	s.mu.Unlock()
+	for _, l := range ls {
+		free, ok := s.names.TryAcquire(l.name)
+		if !ok {
+			continue // in use: try again after the next renewal
+		}
+		cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		if s.clean(cctx, l) == nil {
+			s.mu.Lock()
+			delete(s.leftovers, l.name)
+			s.mu.Unlock()
+		}
+		cancel()
+		free()
+	}
+}

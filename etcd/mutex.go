@@ -146,15 +146,12 @@ func (m *Mutex) tryAcquire(ctx context.Context) (int64, error) {
 // acquire is the whole waiting algorithm:
 //
 //  1. One Txn puts our key (if absent) and, before the put, reads the
-//     last-created key under the name: our predecessor. None means we hold
-//     the lock.
-//  2. Otherwise watch the predecessor until it is deleted. The watch starts
-//     at the Txn's revision + 1 (so no deletion is missed) and a second one
-//     at the server's current revision (so the wake-up is not delayed by the
-//     server's 100 ms loop for watchers that start in the past).
+//     last-created key under the name (our predecessor) and the first one
+//     (the holder). No predecessor means we hold the lock.
+//  2. Otherwise watch the predecessor until it is deleted (see next).
 //  3. When it is gone, one Txn checks that our key still has our create
-//     revision (our lease is alive) and reads the new last-created key
-//     before ours. None: we hold the lock. Else go to 2.
+//     revision (our lease is alive) and reads the new predecessor and
+//     holder. No predecessor: we hold the lock. Else go to 2.
 func (m *Mutex) acquire(ctx context.Context) (rev int64, err error) {
 	defer func() {
 		if err != nil {
@@ -162,106 +159,133 @@ func (m *Mutex) acquire(ctx context.Context) (rev int64, err error) {
 			err = m.wrap(ctx, err)
 		}
 	}()
-	kv := m.s.client
-	before := clientv3.OpGet(m.pfx, clientv3.WithLastCreate()...)
+	last := clientv3.OpGet(m.pfx, clientv3.WithLastCreate()...)
+	head := clientv3.OpGet(m.pfx, clientv3.WithFirstCreate()...)
 	put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.lease))
 	absent := clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)
-	resp, err := kv.Txn(ctx).If(absent).Then(before, put).Else(clientv3.OpGet(m.key)).Commit()
+	resp, err := m.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(m.key)).Commit()
 	if err != nil {
 		return 0, err
 	}
-	var pred *mvccpb.KeyValue
+	var q queue
 	if resp.Succeeded {
 		rev = resp.Header.Revision // our put's revision is our key's create revision
-		pred = first(resp.Responses[0].GetResponseRange())
+		q = queue{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: rev}
 	} else {
 		// Our key exists already: left by an earlier holder in this session
 		// whose Unlock did not complete. Reuse it, as concurrency.Mutex does.
-		mine := first(resp.Responses[0].GetResponseRange())
+		mine := first(resp.Responses[0])
 		if mine == nil {
 			return 0, errors.New("own key vanished")
 		}
 		rev = mine.CreateRevision
-		pred, resp, err = m.predecessor(ctx, rev)
-		if err != nil {
+		if q, err = m.read(ctx, rev); err != nil {
 			return rev, err
 		}
 	}
-	for pred != nil {
-		if err := m.waitDelete(ctx, string(pred.Key), resp.Header.Revision+1); err != nil {
-			return rev, err
-		}
-		if pred, resp, err = m.predecessor(ctx, rev); err != nil {
+	for q.pred != nil {
+		if q, err = m.next(ctx, rev, q); err != nil {
 			return rev, err
 		}
 	}
 	return rev, nil
 }
 
-// predecessor checks that our key still has create revision rev and returns
-// the last-created key before it (nil if none). Transient errors are retried
-// until ctx is done or the session ends.
-func (m *Mutex) predecessor(ctx context.Context, rev int64) (*mvccpb.KeyValue, *clientv3.TxnResponse, error) {
+// queue is what a waiter knows of the keys ahead of it.
+type queue struct {
+	pred *mvccpb.KeyValue // the key just before ours; nil: the lock is ours
+	head *mvccpb.KeyValue // the first key, the holder's
+	seen int64            // the revision they were read at
+}
+
+// next waits until q.pred is deleted and returns the queue read after that.
+//
+// The watch starts at the server's current revision, so the server serves it
+// at once. (A watch from a past revision, such as q.seen+1, joins the
+// server's "unsynced" group, served every 100 ms: that is the handoff stall
+// of concurrency.Mutex.) If the revision moved between our read and the
+// watch's creation, the deletion may fall in that gap. When the predecessor
+// is the holder, whose release is imminent, we read again once, with the
+// watch in place, so that the wake-up is prompt either way. Otherwise a
+// second watch from q.seen+1 covers the gap: exact, and slow only in the
+// unlikely case that a waiter deeper in the queue went away in that instant.
+func (m *Mutex) next(ctx context.Context, rev int64, q queue) (queue, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	stop := context.AfterFunc(m.s.keeper.Context(), cancel)
+	defer stop()
+	key := string(q.pred.Key)
+	now := m.s.client.Watch(wctx, key, clientv3.WithCreatedNotify())
+	var gap clientv3.WatchChan // nil until needed
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-now:
+		case wr, ok = <-gap:
+		}
+		if !ok || wr.Canceled || wr.Err() != nil {
+			break
+		}
+		if wr.Created && wr.Header.Revision > q.seen {
+			if !same(q.pred, q.head) {
+				gap = m.s.client.Watch(wctx, key, clientv3.WithRev(q.seen+1))
+				continue
+			}
+			r, err := m.read(ctx, rev)
+			if err != nil || !same(r.pred, q.pred) {
+				return r, err
+			}
+			continue // still there: the watch, created before this read, will see it go
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return m.read(ctx, rev)
+			}
+		}
+	}
+	// A watch ended: our context or session ended, the member lost its
+	// leader, or history was compacted. Read again (or fail).
+	if err := m.s.alive(); err != nil {
+		return queue{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return queue{}, err
+	}
+	return m.read(ctx, rev)
+}
+
+// same reports whether a and b are the same incarnation of a key.
+func same(a, b *mvccpb.KeyValue) bool {
+	return a != nil && b != nil && string(a.Key) == string(b.Key) && a.CreateRevision == b.CreateRevision
+}
+
+// read checks that our key still has create revision rev and reads the
+// queue ahead of it. Transient errors are retried until ctx is done or the
+// session ends.
+func (m *Mutex) read(ctx context.Context, rev int64) (queue, error) {
 	mine := clientv3.Compare(clientv3.CreateRevision(m.key), "=", rev)
-	before := clientv3.OpGet(m.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
+	last := clientv3.OpGet(m.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
+	head := clientv3.OpGet(m.pfx, clientv3.WithFirstCreate()...)
 	pause := 20 * time.Millisecond
 	for {
-		resp, err := m.s.client.Txn(ctx).If(mine).Then(before).Commit()
+		resp, err := m.s.client.Txn(ctx).If(mine).Then(last, head).Commit()
 		if err == nil {
 			if !resp.Succeeded {
-				return nil, nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease expired or revoked)", holdfast.ErrSessionLost, m.key)
+				return queue{}, fmt.Errorf("%w: our key %s was deleted while waiting (lease expired or revoked)", holdfast.ErrSessionLost, m.key)
 			}
-			return first(resp.Responses[0].GetResponseRange()), resp, nil
+			return queue{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
 		}
 		if ctx.Err() != nil || m.s.alive() != nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, nil, err
+			return queue{}, err
 		}
 		select { // e.g. a leader election in progress
 		case <-time.After(pause):
 			pause = min(2*pause, time.Second)
 		case <-ctx.Done():
-			return nil, nil, err
+			return queue{}, err
 		case <-m.s.keeper.Context().Done():
-			return nil, nil, err
-		}
-	}
-}
-
-// waitDelete returns when key is deleted at a revision >= from, or when a
-// watch ends for another reason (the caller then re-reads), or with an error
-// when ctx is done or the session ends.
-func (m *Mutex) waitDelete(ctx context.Context, key string, from int64) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	stop := context.AfterFunc(m.s.keeper.Context(), cancel)
-	defer stop()
-	// The watch from `from` is exact but joins the server's unsynced group
-	// (served every 100 ms) if the revision has moved since our read; the
-	// one from "now" is served at once but misses a deletion that happened
-	// in between. Together they are both exact and prompt.
-	exact := m.s.client.Watch(wctx, key, clientv3.WithRev(from))
-	now := m.s.client.Watch(wctx, key)
-	for {
-		var wr clientv3.WatchResponse
-		var ok bool
-		select {
-		case wr, ok = <-exact:
-		case wr, ok = <-now:
-		}
-		switch {
-		case !ok || wr.Canceled || wr.Err() != nil:
-			if err := m.s.alive(); err != nil {
-				return err
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return nil // compaction, lost leader, closed stream: re-read
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.DELETE {
-				return nil
-			}
+			return queue{}, err
 		}
 	}
 }
@@ -299,7 +323,9 @@ func (m *Mutex) wrap(ctx context.Context, err error) error {
 	return fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, err)
 }
 
-func first(r *etcdserverpb.RangeResponse) *mvccpb.KeyValue {
+// first returns the first key of a range answer in a Txn, or nil.
+func first(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
+	r := op.GetResponseRange()
 	if r == nil || len(r.Kvs) == 0 {
 		return nil
 	}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/bench"
+)
+
+var benchCommand = &command{
+	name:    "bench",
+	summary: "benchmark holdfast's locks against the stores' native recipes",
+	usage: `usage: holdfast bench [flags]
+
+Runs holdfast's lock and the store's native recipe (etcd: concurrency.Mutex;
+Consul: api.Lock) side by side against the same server, each contender with
+its own client connection and session. Without --endpoints / --consul-addr it
+starts its own server (embedded etcd in a temporary directory; a Consul dev
+agent from scripts/consul.sh or $CONSUL_BIN) and stops it at the end.
+
+Scenarios:
+  lock      1, 8 and 32 contenders, hold 0 (the 1-contender row gives cycle_p50_ms)
+  handoff   8 and 32 contenders, hold 1 ms (handoffs_per_s)
+  takeover  a holder's session is destroyed/revoked while a waiter waits
+            (Consul: lock-delay 0, 1 s, 15 s; takeover_ms, notice_ms)
+  all       all three (about 3 minutes on Consul, 1 minute on etcd)
+
+Output: an aligned table and one ratio line (holdfast/native) per setting, or
+with --json one JSON object per row and one {"ratio": ...} object per pair.
+Exits 1 if any row saw a mutual-exclusion violation or an error.`,
+	flags: benchFlags,
+}
+
+func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	backend := fs.String("backend", "etcd", "store: etcd or consul")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover or all")
+	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
+	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
+	warmup := fs.Duration("warmup", 500*time.Millisecond, "warm-up before each contended row's window")
+	holdMS := new(optionalFloat)
+	fs.Var(holdMS, "hold", "how long a holder keeps the lock, in `ms` (default: lock 0, handoff 1)")
+	ttl := fs.Duration("ttl", 15*time.Second, "session TTL (etcd: whole seconds, >= 2s; Consul: >= 10s)")
+	repeats := fs.Int("repeats", 0, "takeover repeats per setting (default 3; 2 for lock-delays >= 10s)")
+	delays := fs.String("lock-delays", "0,1s,15s", "Consul takeover lock-delays, comma-separated durations")
+	endpoints := fs.String("endpoints", "", "etcd endpoints, comma-separated (default: start an embedded etcd)")
+	consulAddr := fs.String("consul-addr", "", "Consul agent HTTP address host:port (default: start a dev agent)")
+	jsonOut := fs.Bool("json", false, "print one JSON object per line")
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) > 0 {
+			return usagef("unexpected arguments: %s", strings.Join(args, " "))
+		}
+		opts := bench.Options{
+			Duration: *duration,
+			Warmup:   *warmup,
+			TTL:      *ttl,
+			Repeats:  *repeats,
+			Log:      e.stderr,
+		}
+		if *duration <= 0 {
+			return usagef("--duration must be positive")
+		}
+		if *warmup < 0 {
+			return usagef("--warmup must not be negative")
+		}
+		if *repeats < 0 {
+			return usagef("--repeats must not be negative")
+		}
+		if holdMS.set {
+			if holdMS.v < 0 || holdMS.v > 60_000 {
+				return usagef("--hold must be between 0 and 60000 ms")
+			}
+			h := time.Duration(holdMS.v * float64(time.Millisecond))
+			opts.Hold = &h
+		}
+		var err error
+		if *contenders != "" {
+			if opts.Contenders, err = parseInts(*contenders); err != nil {
+				return usagef("--contenders: %v", err)
+			}
+		}
+		if opts.LockDelays, err = parseDurations(*delays); err != nil {
+			return usagef("--lock-delays: %v", err)
+		}
+		switch *scenario {
+		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioAll:
+		default:
+			return usagef("--scenario must be lock, handoff, takeover or all, not %q", *scenario)
+		}
+		switch *backend {
+		case "etcd":
+			if *consulAddr != "" {
+				return usagef("--consul-addr is for --backend consul")
+			}
+			if *ttl < 2*time.Second || *ttl%time.Second != 0 {
+				return usagef("--ttl must be a whole number of seconds, at least 2s, on etcd")
+			}
+		case "consul":
+			if *endpoints != "" {
+				return usagef("--endpoints is for --backend etcd")
+			}
+			if *ttl < 10*time.Second || *ttl > 24*time.Hour {
+				return usagef("--ttl must be between 10s and 24h on Consul")
+			}
+		default:
+			return usagef("--backend must be etcd or consul, not %q", *backend)
+		}
+		if err := opts.Validate(); err != nil {
+			return usagef("%v", strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
+		}
+
+		if *jsonOut {
+			opts.OnResult = func(r bench.Result) { bench.WriteJSON(e.stdout, r) }
+			opts.OnRatio = func(q bench.Ratio) { bench.WriteRatioJSON(e.stdout, q) }
+		}
+
+		t, err := openTarget(e, *backend, *endpoints, *consulAddr)
+		if err != nil {
+			return err
+		}
+		sum, runErr := bench.Run(ctx, t, *scenario, opts)
+		if err := t.Close(); err != nil && runErr == nil {
+			fmt.Fprintf(e.stderr, "holdfast bench: closing %s: %v\n", *backend, err)
+		}
+		if !*jsonOut && len(sum.Results) > 0 {
+			bench.WriteTable(e.stdout, sum)
+		}
+		if runErr != nil {
+			if errors.Is(runErr, bench.ErrUsage) {
+				return usagef("%v", runErr)
+			}
+			return runErr
+		}
+		if sum.Failed() {
+			return fmt.Errorf("%d violations and %d errors (see the rows' first_error)", sum.Violations, sum.Errors)
+		}
+		return nil
+	}
+}
+
+func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, error) {
+	switch backend {
+	case "etcd":
+		if endpoints != "" {
+			return bench.DialEtcd(splitList(endpoints))
+		}
+		fmt.Fprintln(e.stderr, "bench: starting an embedded etcd (1 member, temporary directory)")
+		t, err := bench.StartEtcd()
+		if err != nil {
+			return nil, fmt.Errorf("start embedded etcd: %w", err)
+		}
+		return t, nil
+	default:
+		if consulAddr != "" {
+			return bench.DialConsul(consulAddr)
+		}
+		fmt.Fprintln(e.stderr, "bench: starting a Consul dev agent")
+		t, err := bench.StartConsul()
+		if err != nil {
+			return nil, fmt.Errorf("start Consul agent: %w", err)
+		}
+		return t, nil
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", p)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func parseDurations(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, p := range splitList(s) {
+		if p == "0" {
+			out = append(out, 0)
+			continue
+		}
+		d, err := time.ParseDuration(p)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%q is not a duration such as 0, 500ms or 15s", p)
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+// optionalFloat is a float flag that remembers whether it was given.
+type optionalFloat struct {
+	v   float64
+	set bool
+}
+
+func (f *optionalFloat) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	return strconv.FormatFloat(f.v, 'g', -1, 64)
+}
+
+func (f *optionalFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return errors.New("not a number")
+	}
+	f.v, f.set = v, true
+	return nil
+}

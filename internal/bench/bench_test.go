@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// TestEtcdLockShort runs a very short lock scenario on an embedded etcd with
+// both implementations and checks that the results are complete and sane.
+// It asserts nothing about performance.
+func TestEtcdLockShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd")
+	}
+	before := runtime.NumGoroutine()
+	target, err := StartEtcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		target.Close()
+		// Everything the run started must have stopped.
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if n := runtime.NumGoroutine(); n > before+2 {
+			buf := make([]byte, 1<<20)
+			t.Errorf("%d goroutines left running (%d before):\n%s", n, before, buf[:runtime.Stack(buf, true)])
+		}
+	}()
+
+	var log strings.Builder
+	var streamed []Result
+	var ratios []Ratio
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sum, err := Run(ctx, target, ScenarioLock, Options{
+		Contenders: []int{2},
+		Duration:   300 * time.Millisecond,
+		Warmup:     100 * time.Millisecond,
+		TTL:        5 * time.Second,
+		Log:        &log,
+		OnResult:   func(r Result) { streamed = append(streamed, r) },
+		OnRatio:    func(q Ratio) { ratios = append(ratios, q) },
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, log.String())
+	}
+	if len(sum.Results) != 2 || len(streamed) != 2 {
+		t.Fatalf("got %d results (%d streamed), want 2", len(sum.Results), len(streamed))
+	}
+	if len(ratios) != 1 || len(sum.Ratios) != 1 {
+		t.Fatalf("got %d ratios, want 1", len(ratios))
+	}
+	for i, want := range []string{ImplHoldfast, ImplNative} {
+		r := sum.Results[i]
+		b, _ := json.Marshal(r)
+		t.Log(string(b))
+		if r.Impl != want || r.Backend != "etcd" || r.Scenario != ScenarioLock || r.Contenders != 2 {
+			t.Errorf("row %d: impl %q backend %q scenario %q contenders %d", i, r.Impl, r.Backend, r.Scenario, r.Contenders)
+		}
+		if r.Violations != 0 || r.Errors != 0 {
+			t.Errorf("%s: violations %d errors %d (%s)", r.Impl, r.Violations, r.Errors, r.FirstError)
+		}
+		if r.Acquisitions < 1 || r.AcqPerS <= 0 || r.DurationS != 0.3 || r.HoldMS != 0 {
+			t.Errorf("%s: acquisitions %d acq/s %v duration %v hold %v", r.Impl, r.Acquisitions, r.AcqPerS, r.DurationS, r.HoldMS)
+		}
+		if r.Fairness == nil || *r.Fairness < 0.5 || *r.Fairness > 1 {
+			t.Errorf("%s: fairness %v out of [0.5, 1] (Jain's index of 2 contenders)", r.Impl, r.Fairness)
+		}
+		if r.RPCsPerAcq == nil || *r.RPCsPerAcq <= 0 || r.RPCUnit != "grpc-unary" {
+			t.Errorf("%s: rpcs_per_acq %v unit %q", r.Impl, r.RPCsPerAcq, r.RPCUnit)
+		}
+		if r.Handoffs > r.Acquisitions || r.Handoffs < 0 {
+			t.Errorf("%s: %d handoffs of %d acquisitions", r.Impl, r.Handoffs, r.Acquisitions)
+		}
+		if r.Handoffs > 0 && (r.HandoffP50MS == nil || r.HandoffP99MS == nil || *r.HandoffP50MS > *r.HandoffP99MS || *r.HandoffP50MS < 0) {
+			t.Errorf("%s: handoff p50 %v p99 %v", r.Impl, r.HandoffP50MS, r.HandoffP99MS)
+		}
+		if r.CycleP50MS != nil {
+			t.Errorf("%s: cycle_p50_ms set on a 2-contender row", r.Impl)
+		}
+	}
+	if sum.Failed() {
+		t.Errorf("summary failed: %+v", sum)
+	}
+}
+
+func TestJainAndPercentile(t *testing.T) {
+	if j := jain([]int{5, 5, 5, 5}); j == nil || *j != 1 {
+		t.Errorf("even: %v", j)
+	}
+	if j := jain([]int{8, 0, 0, 0}); j == nil || *j != 0.25 {
+		t.Errorf("one takes all: %v", j)
+	}
+	if j := jain([]int{0, 0}); j != nil {
+		t.Errorf("nothing: %v", j)
+	}
+	ds := []time.Duration{4 * time.Millisecond, time.Millisecond, 3 * time.Millisecond, 2 * time.Millisecond}
+	if p := percentile(ds, 0.5); p == nil || *p != 2 {
+		t.Errorf("p50: %v", p)
+	}
+	if p := percentile(ds, 0.99); p == nil || *p != 4 {
+		t.Errorf("p99: %v", p)
+	}
+	if p := percentile(nil, 0.5); p != nil {
+		t.Errorf("empty: %v", p)
+	}
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	for _, o := range []Options{{Contenders: []int{0}}, {Duration: -1}, {LockDelays: []time.Duration{61 * time.Second}}} {
+		if _, err := Run(context.Background(), nil, ScenarioLock, o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	if _, err := Run(context.Background(), nil, "nope", Options{}); err == nil {
+		t.Error("unknown scenario: no error")
+	}
+}
+
+// TestEtcdTakeoverShort runs one takeover per implementation on an etcd
+// reached through its endpoints (the --endpoints path): the holder's lease
+// is revoked while a waiter waits.
+func TestEtcdTakeoverShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd")
+	}
+	cluster := embedtest.Etcd(t)
+	target, err := DialEtcd(cluster.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	sum, err := Run(context.Background(), target, ScenarioTakeover, Options{TTL: 3 * time.Second, Repeats: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTakeover(t, sum, "etcd", 1)
+}
+
+// TestConsulShort runs a very short lock scenario and one takeover with
+// lock-delay 0 per implementation on a real Consul agent. A missing Consul
+// binary fails the test (see scripts/consul.sh).
+func TestConsulShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Consul agent")
+	}
+	target, err := StartConsul()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	ctx := context.Background()
+	sum, err := Run(ctx, target, ScenarioLock, Options{Contenders: []int{2}, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Results) != 2 || len(sum.Ratios) != 1 {
+		t.Fatalf("got %d results and %d ratios, want 2 and 1", len(sum.Results), len(sum.Ratios))
+	}
+	for _, r := range sum.Results {
+		t.Logf("%s: %d acquisitions, fairness %v, rpcs/acq %v", r.Impl, r.Acquisitions, fp(r.Fairness), fp(r.RPCsPerAcq))
+		if r.Violations != 0 || r.Errors != 0 || r.Acquisitions < 1 || r.RPCUnit != "http-request" || r.RPCsPerAcq == nil {
+			t.Errorf("%+v", r)
+		}
+	}
+	sum, err = Run(ctx, target, ScenarioTakeover, Options{LockDelays: []time.Duration{0}, Repeats: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTakeover(t, sum, "consul", 1)
+}
+
+func checkTakeover(t *testing.T, sum Summary, backend string, reps int) {
+	t.Helper()
+	if len(sum.Results) != 2 || len(sum.Ratios) != 1 {
+		t.Fatalf("got %d results and %d ratios, want 2 and 1", len(sum.Results), len(sum.Ratios))
+	}
+	for _, r := range sum.Results {
+		t.Logf("%s %s: takeover %s ms, notice %s ms", backend, r.Impl, fp(r.TakeoverMS), fp(r.NoticeMS))
+		if r.Backend != backend || r.Scenario != ScenarioTakeover || r.Violations != 0 || r.Errors != 0 {
+			t.Errorf("%+v", r)
+		}
+		if r.Acquisitions != reps || len(r.TakeoverAll) != reps || r.TakeoverMS == nil || r.LockDelayMS == nil || *r.LockDelayMS != 0 {
+			t.Errorf("%s: acquisitions %d takeovers %v lock-delay %v", r.Impl, r.Acquisitions, r.TakeoverAll, fp(r.LockDelayMS))
+		}
+		if r.NoticeMS == nil {
+			t.Errorf("%s: the killed holder was never told", r.Impl)
+		}
+	}
+}
+
+// BenchmarkEtcdCycle shows the harness used from `go test -bench`: an
+// uncontended lock+unlock cycle per implementation on an embedded etcd.
+func BenchmarkEtcdCycle(b *testing.B) {
+	target, err := StartEtcd()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer target.Close()
+	ctx := context.Background()
+	for _, impl := range target.Impls() {
+		b.Run(impl.Name(), func(b *testing.B) {
+			counter := new(Counter)
+			c, err := impl.NewContender(ctx, ContenderConfig{Lock: "bench-cycle/" + impl.Name(), Counter: counter, TTL: 15 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			before := counter.Requests()
+			for b.Loop() {
+				h, err := c.Lock(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := h.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(counter.Requests()-before)/float64(b.N), "rpcs/op")
+		})
+	}
+}

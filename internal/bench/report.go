@@ -1,0 +1,122 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteJSON writes v as one line of JSON.
+func WriteJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// WriteRatioJSON writes q as {"ratio": {...}} on one line.
+func WriteRatioJSON(w io.Writer, q Ratio) error {
+	return WriteJSON(w, struct {
+		Ratio Ratio `json:"ratio"`
+	}{q})
+}
+
+// WriteTable writes the results as an aligned table, followed by one ratio
+// line per holdfast/native pair and the notes of takeover rows.
+func WriteTable(w io.Writer, s Summary) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tbackend\timpl\tn\thold_ms\tdelay_ms\tacq\tacq/s\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tviol\terr\t")
+	for _, r := range s.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
+			r.Scenario, r.Backend, r.Impl, r.Contenders, f(r.HoldMS), fp(r.LockDelayMS),
+			r.Acquisitions, f(r.AcqPerS), f(r.HandoffsPerS), fp(r.HandoffP50MS), fp(r.HandoffP99MS),
+			fp(r.CycleP50MS), fp(r.TakeoverMS), fp(r.NoticeMS), fp(r.Fairness), fp(r.RPCsPerAcq),
+			r.Violations, r.Errors)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(s.Ratios) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, q := range s.Ratios {
+		fmt.Fprintln(w, RatioLine(q))
+	}
+	var noteOrder []string
+	noteWho := map[string][]string{}
+	for _, r := range s.Results {
+		if r.Note != "" {
+			if noteWho[r.Note] == nil {
+				noteOrder = append(noteOrder, r.Note)
+			}
+			noteWho[r.Note] = append(noteWho[r.Note], r.Impl)
+		}
+		if r.FirstError != "" {
+			fmt.Fprintf(w, "first error (%s %s %s n=%d): %s\n", r.Backend, r.Scenario, r.Impl, r.Contenders, r.FirstError)
+		}
+	}
+	for _, n := range noteOrder {
+		fmt.Fprintf(w, "note (%s): %s\n", strings.Join(slices.Compact(noteWho[n]), ", "), n)
+	}
+	fmt.Fprintln(w, "times in ms; handoff = previous holder's Unlock call -> next holder's Lock return; rpc/acq counts",
+		strings.Join(units(s), ", "))
+	return nil
+}
+
+func units(s Summary) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range s.Results {
+		if u := r.Backend + ": " + r.RPCUnit; !seen[u] {
+			seen[u] = true
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// RatioLine formats q for humans.
+func RatioLine(q Ratio) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "ratio holdfast/native %s %s n=%d hold=%sms", q.Backend, q.Scenario, q.Contenders, f(q.HoldMS))
+	if q.LockDelayMS != nil && q.Scenario == ScenarioTakeover {
+		fmt.Fprintf(&b, " lock-delay=%sms", f(*q.LockDelayMS))
+	}
+	b.WriteString(":")
+	add := func(name string, v *float64) {
+		if v != nil {
+			fmt.Fprintf(&b, "  %s %sx", name, f(*v))
+		}
+	}
+	add("acq/s", q.AcqPerS)
+	add("handoffs/s", q.HandoffsPS)
+	add("handoff_p50", q.HandoffP50)
+	add("cycle_p50", q.CycleP50)
+	add("takeover", q.TakeoverMS)
+	add("rpcs/acq", q.RPCsPerAcq)
+	add("fairness", q.Fairness)
+	for _, n := range q.Notes {
+		fmt.Fprintf(&b, "  (%s)", n)
+	}
+	return b.String()
+}
+
+func f(x float64) string {
+	s := fmt.Sprintf("%.3f", x)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
+}
+
+func fp(x *float64) string {
+	if x == nil {
+		return "-"
+	}
+	return f(*x)
+}

@@ -217,6 +217,10 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 		},
 		"log_level":            "warn",
 		"disable_update_check": true,
+		// Every test client and benchmark contender connects from
+		// 127.0.0.1; Consul's default of 200 connections per client IP
+		// answers 429 to a 32-contender benchmark.
+		"limits": map[string]any{"http_max_conns_per_client": 4096},
 	}
 	if o.acl {
 		cfg["acl"] = map[string]any{

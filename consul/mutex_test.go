@@ -428,6 +428,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := NewSession(ctx, nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil client: %v", err)
 	}
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
 	if _, err := NewSession(nil, c); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil context: %v", err)
 	}
@@ -445,6 +446,7 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	m := newMutex(t, s, uniqueName(t))
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
 	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("Lock(nil): %v", err)
 	}

@@ -3,6 +3,9 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -46,6 +49,52 @@ func (g *Grant) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 		return nil, fmt.Errorf("%w: %s", holdfast.ErrNotHeld, g.Key())
 	}
 	return resp, nil
+}
+
+// watch cancels the grant as soon as its key is deleted (the lease revoked by
+// an operator, the key removed by hand), rather than at the next keepalive.
+// It ends with the grant.
+func (g *Grant) watch() {
+	if g.Context().Err() != nil {
+		return
+	}
+	ctx := clientv3.WithRequireLeader(g.Context())
+	pause := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		for wr := range g.client.Watch(ctx, g.Key(), clientv3.WithRev(g.rev+1)) {
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					g.Lose(fmt.Errorf("%w: %s was deleted (lease revoked or key removed)", holdfast.ErrLost, g.Key()))
+					return
+				}
+			}
+			if wr.CompactRevision != 0 {
+				g.check(ctx)
+			}
+		}
+		if ctx.Err() != nil {
+			return // released or lost
+		}
+		// The watch ended (member without leader, compaction): check the key
+		// once and watch again.
+		g.check(ctx)
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+			pause = min(2*pause, time.Second)
+		}
+	}
+}
+
+// check cancels the grant if its key no longer has its create revision.
+func (g *Grant) check(ctx context.Context) {
+	resp, err := g.client.Get(ctx, g.Key())
+	if err != nil {
+		return // the keepalive deadline covers an unreachable store
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != g.rev {
+		g.Lose(fmt.Errorf("%w: %s no longer has create revision %d", holdfast.ErrLost, g.Key(), g.rev))
+	}
 }
 
 // release is the guarded delete behind Unlock.

@@ -16,8 +16,15 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// cleanupTimeout bounds the removal of a waiter's key after Lock fails.
-const cleanupTimeout = 5 * time.Second
+const (
+	// cleanupTimeout bounds the removal of a waiter's key after Lock fails.
+	cleanupTimeout = 5 * time.Second
+	// watchDelay is how long a grant is held before it watches its own key
+	// for deletion: short critical sections do not pay for a watch, and a
+	// revoked lease is noticed within about twice this, or at the next
+	// keepalive (TTL/3), whichever comes first.
+	watchDelay = 100 * time.Millisecond
+)
 
 // Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
@@ -122,6 +129,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 	}
 	g := &Grant{client: m.s.client, rev: rev}
 	g.Grant = core.NewGrant(m.s.keeper.Context(), m.key, holdfast.Token(rev), g.release, free)
+	time.AfterFunc(watchDelay, g.watch)
 	m.mu.Lock()
 	m.held = g
 	m.mu.Unlock()

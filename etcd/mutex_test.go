@@ -256,6 +256,7 @@ func TestBadInput(t *testing.T) {
 		{"ttl negative", []etcd.SessionOption{etcd.WithTTL(-time.Second)}, holdfast.ErrInvalidTTL},
 		{"ttl too small", []etcd.SessionOption{etcd.WithTTL(time.Second)}, holdfast.ErrInvalidTTL},
 		{"ttl fraction", []etcd.SessionOption{etcd.WithTTL(2500 * time.Millisecond)}, holdfast.ErrInvalidTTL},
+		{"margin negative", []etcd.SessionOption{etcd.WithMargin(-time.Second)}, holdfast.ErrInvalidTTL},
 		{"margin too big", []etcd.SessionOption{etcd.WithTTL(4 * time.Second), etcd.WithMargin(3 * time.Second)}, holdfast.ErrInvalidTTL},
 	} {
 		if _, err := etcd.NewSession(ctx, cli, tc.opts...); !errors.Is(err, tc.want) || !errors.Is(err, holdfast.ErrInvalidArgument) {
@@ -279,8 +280,8 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	m := newMutex(t, s, "/bad")
-	//lint:ignore SA1012 checking that a nil context is refused, not a panic
-	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
+	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil ctx: %v", err)
 	}
 	if err := s.Close(); err != nil {
@@ -294,5 +295,43 @@ func TestBadInput(t *testing.T) {
 	}
 	if ks := keys(t, cli, "/bad"); len(ks) != 0 {
 		t.Fatalf("keys left: %v", ks)
+	}
+}
+
+// TestPromptNoticeOfRevoke checks that a grant learns at once (well before
+// the next keepalive, TTL/3 = 5 s here) that its lease was revoked or its key
+// deleted by someone else.
+func TestPromptNoticeOfRevoke(t *testing.T) {
+	c := embedtest.Etcd(t)
+	cli := c.Client(t)
+	ctx := context.Background()
+	for _, how := range []string{"revoke", "delete"} {
+		s := newSession(t, c, etcd.WithTTL(15*time.Second))
+		g, err := newMutex(t, s, "/notice-"+how).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // past the delay before a grant watches its key
+		start := time.Now()
+		if how == "revoke" {
+			_, err = cli.Revoke(ctx, s.Lease())
+		} else {
+			_, err = cli.Delete(ctx, g.Key())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-g.Context().Done():
+			t.Logf("%s noticed after %v", how, time.Since(start))
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%s: grant not cancelled within 2 s", how)
+		}
+		if !errors.Is(context.Cause(g.Context()), holdfast.ErrLost) {
+			t.Fatalf("%s: cause %v", how, context.Cause(g.Context()))
+		}
+		if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
+			t.Fatalf("%s: unlock after loss: %v", how, err)
+		}
 	}
 }

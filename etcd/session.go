@@ -28,8 +28,9 @@ const (
 const retryPause = 100 * time.Millisecond
 
 type sessionConfig struct {
-	ttl    time.Duration
-	margin time.Duration // < 0: default
+	ttl       time.Duration
+	margin    time.Duration
+	marginSet bool // else margin = TTL/5
 }
 
 // SessionOption configures NewSession.
@@ -53,10 +54,12 @@ func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { 
 // by less than margin/TTL (20% by default) and that the holder acts on the
 // cancellation within the rest of the margin. Clocks need not be
 // synchronized, and wall-clock jumps do not matter.
-func WithMargin(m time.Duration) SessionOption { return func(c *sessionConfig) { c.margin = m } }
+func WithMargin(m time.Duration) SessionOption {
+	return func(c *sessionConfig) { c.margin, c.marginSet = m, true }
+}
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
-	c := sessionConfig{ttl: DefaultTTL, margin: -1}
+	c := sessionConfig{ttl: DefaultTTL}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -68,11 +71,11 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	case c.ttl%time.Second != 0:
 		return c, fmt.Errorf("%w: %v is not a whole number of seconds (etcd lease TTLs are in seconds)", holdfast.ErrInvalidTTL, c.ttl)
 	}
-	if c.margin < 0 {
+	if !c.marginSet {
 		c.margin = c.ttl / 5
 	}
-	if c.margin > c.ttl/2 {
-		return c, fmt.Errorf("%w: margin %v is more than half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
+	if c.margin < 0 || c.margin > c.ttl/2 {
+		return c, fmt.Errorf("%w: margin %v is not between 0 and half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
 	}
 	return c, nil
 }

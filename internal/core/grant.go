@@ -57,8 +57,17 @@ func (g *Grant) Token() holdfast.Token { return g.token }
 // Context implements holdfast.Grant.
 func (g *Grant) Context() context.Context { return g.ctx }
 
-// Lose cancels the grant with cause (which should wrap holdfast.ErrLost).
-func (g *Grant) Lose(cause error) { g.cancel(cause) }
+// Lose cancels the grant with cause (which should wrap holdfast.ErrLost),
+// unless it has been released: an Unlock in progress finishes first, so a
+// loss seen through our own release (a watch, a failed guard) never turns a
+// release into a loss.
+func (g *Grant) Lose(cause error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count > 0 {
+		g.cancel(cause)
+	}
+}
 
 // Reenter adds a reentrant hold if the grant is still held.
 func (g *Grant) Reenter() bool {

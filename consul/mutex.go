@@ -171,7 +171,7 @@ func (m *Mutex) reenter() *Grant {
 	m.mu.Lock()
 	g := m.held
 	m.mu.Unlock()
-	if g != nil && g.Reenter() {
+	if g != nil && g.base.Reenter() {
 		return g
 	}
 	return nil
@@ -182,7 +182,7 @@ func (m *Mutex) reenter() *Grant {
 func (m *Mutex) grant(token uint64, free func()) (holdfast.Grant, error) {
 	m.s.hold(m.lockKey, token)
 	g := &Grant{s: m.s, token: token}
-	g.Grant = core.NewGrant(m.s.keeper.Context(), m.lockKey, holdfast.Token(token), g.release, free)
+	g.base = core.NewGrant(m.s.keeper.Context(), m.lockKey, holdfast.Token(token), g.release, free)
 	if g.Context().Err() != nil {
 		// The session ended while we acquired: hand out no grant of a dead
 		// session, and give the key back at once.

@@ -22,12 +22,24 @@ const MaxTxnOps = 128
 // ModifyIndex of the write that acquired it (a Raft index, so tokens of
 // successive grants strictly increase).
 type Grant struct {
-	*core.Grant
+	base  *core.Grant // key, token, context, reentrancy, release
 	s     *Session
 	token uint64
 }
 
 var _ holdfast.Grant = (*Grant)(nil)
+
+// Key implements holdfast.Grant.
+func (g *Grant) Key() string { return g.base.Key() }
+
+// Token implements holdfast.Grant.
+func (g *Grant) Token() holdfast.Token { return g.base.Token() }
+
+// Context implements holdfast.Grant.
+func (g *Grant) Context() context.Context { return g.base.Context() }
+
+// Unlock implements holdfast.Grant.
+func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
 // Session returns the ID of the Consul session that holds the grant.
 func (g *Grant) Session() string { return g.s.id }
@@ -71,7 +83,7 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 			return nil, fmt.Errorf("%w: operation %d is nil", holdfast.ErrInvalidArgument, i)
 		}
 	}
-	if !g.Held() {
+	if !g.base.Held() {
 		return nil, g.notHeld()
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -83,7 +95,7 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 		if rb.denied() {
 			return nil, txnError("guarded transaction on "+g.Key(), rb)
 		}
-		g.Lose(fmt.Errorf("%w: %s is no longer held by session %s with index %d", holdfast.ErrLost, g.Key(), g.s.id, g.token))
+		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s with index %d", holdfast.ErrLost, g.Key(), g.s.id, g.token))
 		return nil, g.notHeld()
 	case rb != nil:
 		for _, e := range resp.Errors {

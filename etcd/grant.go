@@ -16,12 +16,24 @@ import (
 // Grant is a held etcd lock. It implements holdfast.Grant; its token is the
 // create revision of its key.
 type Grant struct {
-	*core.Grant
+	base   *core.Grant // key, token, context, reentrancy, release
 	client *clientv3.Client
 	rev    int64
 }
 
 var _ holdfast.Grant = (*Grant)(nil)
+
+// Key implements holdfast.Grant.
+func (g *Grant) Key() string { return g.base.Key() }
+
+// Token implements holdfast.Grant.
+func (g *Grant) Token() holdfast.Token { return g.base.Token() }
+
+// Context implements holdfast.Grant.
+func (g *Grant) Context() context.Context { return g.base.Context() }
+
+// Unlock implements holdfast.Grant.
+func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
 // Guard returns the comparison that holds exactly while this grant does: our
 // key still exists with our create revision. Put it in the If of your own
@@ -37,7 +49,7 @@ func (g *Grant) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	if !g.Held() {
+	if !g.base.Held() {
 		return nil, fmt.Errorf("%w: %s", holdfast.ErrNotHeld, g.Key())
 	}
 	resp, err := g.client.Txn(ctx).If(g.Guard()).Then(ops...).Commit()
@@ -45,7 +57,7 @@ func (g *Grant) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 		return nil, fmt.Errorf("holdfast/etcd: guarded txn on %s: %w", g.Key(), err)
 	}
 	if !resp.Succeeded {
-		g.Lose(fmt.Errorf("%w: %s no longer has create revision %d", holdfast.ErrLost, g.Key(), g.rev))
+		g.base.Lose(fmt.Errorf("%w: %s no longer has create revision %d", holdfast.ErrLost, g.Key(), g.rev))
 		return nil, fmt.Errorf("%w: %s", holdfast.ErrNotHeld, g.Key())
 	}
 	return resp, nil
@@ -64,7 +76,7 @@ func (g *Grant) watch() {
 		for wr := range g.client.Watch(ctx, g.Key(), clientv3.WithRev(g.rev+1)) {
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.DELETE {
-					g.Lose(fmt.Errorf("%w: %s was deleted (lease revoked or key removed)", holdfast.ErrLost, g.Key()))
+					g.base.Lose(fmt.Errorf("%w: %s was deleted (lease revoked or key removed)", holdfast.ErrLost, g.Key()))
 					return
 				}
 			}
@@ -93,7 +105,7 @@ func (g *Grant) check(ctx context.Context) {
 		return // the keepalive deadline covers an unreachable store
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != g.rev {
-		g.Lose(fmt.Errorf("%w: %s no longer has create revision %d", holdfast.ErrLost, g.Key(), g.rev))
+		g.base.Lose(fmt.Errorf("%w: %s no longer has create revision %d", holdfast.ErrLost, g.Key(), g.rev))
 	}
 }
 

@@ -94,7 +94,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 		m.mu.Lock()
 		g := m.held
 		m.mu.Unlock()
-		if g != nil && g.Reenter() {
+		if g != nil && g.base.Reenter() {
 			return g, nil
 		}
 	}
@@ -128,7 +128,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 		return nil, err
 	}
 	g := &Grant{client: m.s.client, rev: rev}
-	g.Grant = core.NewGrant(m.s.keeper.Context(), m.key, holdfast.Token(rev), g.release, free)
+	g.base = core.NewGrant(m.s.keeper.Context(), m.key, holdfast.Token(rev), g.release, free)
 	time.AfterFunc(watchDelay, g.watch)
 	m.mu.Lock()
 	m.held = g

@@ -96,15 +96,20 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.count == 0 {
+		if cause := context.Cause(g.ctx); !errors.Is(cause, holdfast.ErrReleased) {
+			return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.key, cause)
+		}
 		return fmt.Errorf("%w: %s already released", holdfast.ErrNotHeld, g.key)
 	}
-	if g.count > 1 {
+	lost := g.ctx.Err() != nil
+	if g.count > 1 && !lost {
 		g.count--
 		return nil
 	}
-	lost := g.ctx.Err() != nil
+	// The last hold, or a lost grant (whatever its count): remove our key.
+	// After a loss this is best-effort cleanup of a key that may linger.
 	err := g.release(ctx)
-	if err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+	if err != nil && !lost && !errors.Is(err, holdfast.ErrNotHeld) {
 		return fmt.Errorf("holdfast: unlock %s: %w", g.key, err)
 	}
 	g.count = 0

@@ -24,6 +24,7 @@ type Keeper struct {
 	mu       sync.Mutex
 	deadline time.Time
 	timer    *time.Timer
+	ended    bool // no renewal counts any more
 }
 
 // NewKeeper returns a Keeper whose deadline is sent+ttl-margin: pass the time
@@ -32,7 +33,9 @@ func NewKeeper(sent time.Time, ttl, margin time.Duration) *Keeper {
 	k := &Keeper{}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
 	k.deadline = sent.Add(ttl - margin)
+	k.mu.Lock() // the timer may fire before AfterFunc returns
 	k.timer = time.AfterFunc(time.Until(k.deadline), k.fire)
+	k.mu.Unlock()
 	return k
 }
 
@@ -53,7 +56,7 @@ func (k *Keeper) Deadline() time.Time {
 func (k *Keeper) Renewed(sent time.Time, ttl, margin time.Duration) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.ctx.Err() != nil {
+	if k.ended {
 		return false
 	}
 	if d := sent.Add(ttl - margin); d.After(k.deadline) {
@@ -65,8 +68,7 @@ func (k *Keeper) Renewed(sent time.Time, ttl, margin time.Duration) bool {
 
 func (k *Keeper) fire() {
 	k.mu.Lock()
-	late := time.Until(k.deadline)
-	if late > 0 { // a renewal moved the deadline while this timer was firing
+	if time.Until(k.deadline) > 0 { // a renewal moved the deadline while this timer was firing
 		k.mu.Unlock()
 		return
 	}
@@ -75,8 +77,10 @@ func (k *Keeper) fire() {
 }
 
 // End ends the session with cause (the first cause wins) and stops the timer.
+// No renewal counts after End has begun.
 func (k *Keeper) End(cause error) {
 	k.mu.Lock()
+	k.ended = true
 	k.timer.Stop()
 	k.mu.Unlock()
 	k.cancel(cause)

@@ -45,6 +45,9 @@ func (n *Names) put(name string, s *slot) {
 // Acquire waits until name is free in this session or ctx is done. The
 // returned function frees the name; it is safe to call more than once.
 func (n *Names) Acquire(ctx context.Context, name string) (release func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	s := n.get(name)
 	select {
 	case s.ch <- struct{}{}:

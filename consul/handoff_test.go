@@ -363,3 +363,77 @@ func TestHandoffTokensIncrease(t *testing.T) {
 		t.Errorf("keys left: %q", ks)
 	}
 }
+
+// TestHandoffLeftoverCleanedFirst: the lock is handed to a waiter that gives
+// up while Consul is unreachable, so its cleanup fails and the lock stays
+// with its session. The next Lock through that session (renewals are far
+// off) releases it before queueing, so the waiter behind gets the lock.
+func TestHandoffLeftoverCleanedFirst(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	p := newProxy(t, a.HTTPAddr)
+	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	s1 := newSession(t, pc, WithLockDelay(0), WithTTL(time.Hour))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+	w1ctx, w1cancel := context.WithCancel(context.Background())
+	defer w1cancel()
+	w1res := queueUp(t, c, w1, w1ctx)
+	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	p.blackout.Store(true)
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	w1cancel()
+	if r := receive(t, w1res, 2*cleanupTimeout, "w1"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
+	}
+	p.blackout.Store(false)
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want left with w1's session: the test proves nothing", pair)
+	}
+
+	t0 := time.Now()
+	again := lockAsync(w1, timeout(t, 10*time.Second))
+	r2 := receive(t, w2res, time.Second, "w2")
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	t.Logf("w2 got the lock %v after w1's session locked again", time.Since(t0))
+	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r3 := receive(t, again, 5*time.Second, "w1 again")
+	if r3.err != nil {
+		t.Fatal(r3.err)
+	}
+	if r3.g.Token() <= r2.g.Token() {
+		t.Errorf("token %d, not above the previous holder's %d", r3.g.Token(), r2.g.Token())
+	}
+	if err := r3.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
+	}
+}

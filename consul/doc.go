@@ -19,7 +19,10 @@
 // "/.lock"} and `consul lock name cmd` do, so holdfast and those clients
 // exclude each other on one lock. holdfast contenders queue in FIFO order
 // under "<name>/.queue/<session ID>"; only the head of the queue tries to
-// acquire, and each waiter watches only the one ahead of it. The fencing
+// acquire, and each waiter watches only the one ahead of it. On Unlock, a
+// holder hands the lock directly to the head of the queue, in one
+// transaction; so foreign api.Lock or `consul lock` clients get the lock only
+// when no holdfast waiter queues (Consul still enforces exclusion). The fencing
 // token of a [Grant] is the ModifyIndex of the write that acquired the key
 // (not its LockIndex, which a plain write resets), and [Grant.Txn] runs KV
 // operations in a transaction that applies only while the grant is held.

@@ -46,9 +46,12 @@ func LockKey(name string) string { return name + lockSuffix }
 // "<name>/.queue/<session ID>", keys acquired with their session and ordered
 // by CreateIndex; only the head of the queue tries to acquire the lock, and
 // every other waiter watches only the waiter just ahead of it, so a release
-// wakes one waiter. Foreign api.Lock clients do not queue: they may take the
-// lock ahead of holdfast waiters, but Consul's acquire never lets two
-// sessions hold it.
+// wakes one waiter. A holder that knows the next waiter hands the lock
+// directly to it on Unlock (direct handoff: see handOver). Foreign api.Lock
+// clients do not queue: they may take the lock ahead of holdfast waiters when
+// it is free, but while holdfast waiters queue, a holdfast holder hands it to
+// the next of them, so foreign clients get it only when no holdfast waiter
+// queues. Either way Consul's lock never lets two sessions hold it.
 //
 // A Mutex belongs to one Session. Lock and TryLock may be called from many
 // goroutines: through one Session, acquisitions of the same name take turns
@@ -153,13 +156,20 @@ func (m *Mutex) lock(ctx context.Context, try bool) (holdfast.Grant, error) {
 	} else if free, err = m.s.names.Acquire(wctx, m.name); err != nil {
 		return nil, a.fail(err)
 	}
+	// A lock key handed to an earlier acquisition of ours that gave up, and
+	// not released since, would look like an old grant of ours: clean it up
+	// first, while we hold the name.
+	if err := m.s.cleanLeftover(wctx, m.name); err != nil {
+		free()
+		return nil, a.fail(err)
+	}
 	token, err := a.run(try)
 	if err != nil {
 		a.cleanup()
 		free()
 		return nil, a.fail(err)
 	}
-	return m.grant(token, free)
+	return m.grant(token, a.next, free)
 }
 
 // reenter returns the held grant with one more hold, if the Mutex is
@@ -178,10 +188,11 @@ func (m *Mutex) reenter() *Grant {
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the
-// session's. free releases the in-process name when the grant ends.
-func (m *Mutex) grant(token uint64, free func()) (holdfast.Grant, error) {
+// session's. next is the waiter to hand the lock to on Unlock, if known. free
+// releases the in-process name when the grant ends.
+func (m *Mutex) grant(token uint64, next *api.KVPair, free func()) (holdfast.Grant, error) {
 	m.s.hold(m.lockKey, token)
-	g := &Grant{s: m.s, token: token}
+	g := &Grant{s: m.s, token: token, next: next}
 	g.base = core.NewGrant(m.s.keeper.Context(), m.lockKey, holdfast.Token(token), g.release, free)
 	if g.Context().Err() != nil {
 		// The session ended while we acquired: hand out no grant of a dead
@@ -215,6 +226,16 @@ type acquisition struct {
 	queued    bool // our queue key may exist in Consul
 	uncertain bool // an acquire was sent whose outcome we did not learn
 
+	// since is the CreateIndex of our first queue key: a lock key held by
+	// our session with a greater ModifyIndex was handed to us (an older one
+	// is a stale read of an earlier grant). queueIndex is the CreateIndex of
+	// our latest queue key.
+	since      uint64
+	queueIndex uint64
+	// next is the waiter to hand the lock to on Unlock: the first live queue
+	// entry other than ours in the latest view of the queue we had.
+	next *api.KVPair
+
 	// Lock-delay bookkeeping of the head of the queue: the session last seen
 	// holding the lock key, its lock-delay (if known), and when the delay
 	// that follows its release should be over.
@@ -235,8 +256,15 @@ type acquisition struct {
 //     change (blocking query), then read again.
 //  4. At the head: wait for the lock key to be free (blocking query), then
 //     acquire it and delete our queue key in one transaction, guarded by the
-//     lock key being as we saw it. A lock-delay refusal is retried when the
-//     delay of the previous holder's session ends.
+//     lock key being as we saw it, which also reads the queue (so that we
+//     know whom to hand the lock to). A lock-delay refusal is retried when
+//     the delay of the previous holder's session ends.
+//  5. Anywhere in steps 3 and 4, the lock key may turn out held by our own
+//     session, written after we queued: the holder before us handed it to us
+//     (and deleted our queue key). The token is its ModifyIndex.
+//
+// Unlock hands the lock to the next waiter in one transaction (see
+// handOver), or releases it when it knows of none or the handoff fails.
 func (a *acquisition) run(try bool) (uint64, error) {
 	m := a.m
 	v, err := a.read()
@@ -279,6 +307,9 @@ func (a *acquisition) wait(v view) (uint64, error) {
 		}
 		if err := m.compatible(v.lock); err != nil {
 			return 0, err
+		}
+		if a.handedToUs(v.lock) {
+			return a.acceptHandoff(v)
 		}
 		a.dropDead(v.dead)
 		v.dead = nil
@@ -330,6 +361,31 @@ func (a *acquisition) wait(v view) (uint64, error) {
 	}
 }
 
+// handedToUs reports whether lock is held by our session through a write
+// made after we queued: a handoff to us. (An acquire of ours returns its own
+// outcome; an older write is a stale read of an earlier grant of ours, since
+// an acquisition holds the name in-process, and leftovers are cleaned first.)
+func (a *acquisition) handedToUs(lock *api.KVPair) bool {
+	return a.since != 0 && lock != nil && lock.Session == a.m.s.id && lock.ModifyIndex > a.since
+}
+
+// acceptHandoff takes the lock handed to us in view v. The handoff deleted
+// the queue key we had then; a queue key created after it (a re-queue that
+// crossed the handoff) is deleted here.
+func (a *acquisition) acceptHandoff(v view) (uint64, error) {
+	token := v.lock.ModifyIndex
+	if a.queueIndex > token {
+		ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+		defer cancel()
+		if _, err := a.m.s.txn(ctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
+			return 0, err // cleanup releases the lock and deletes the key
+		}
+	}
+	a.queued = false
+	a.next = a.m.successor(v.queue)
+	return token, nil
+}
+
 // waitRelease blocks until the held lock key changes, and returns it as it
 // then is. It learns the holder's lock-delay first (while the holder's
 // session still exists), so that a release by invalidation is followed by a
@@ -363,11 +419,12 @@ func (a *acquisition) delayLeft() time.Duration {
 
 // take tries to acquire the lock key in one transaction: guarded by the key
 // being as seen (absent, or at its ModifyIndex), it locks the key with our
-// session and our flags, and deletes our queue key if we queued. The token is
-// the ModifyIndex of that write, read from the answer.
+// session and our flags, deletes our queue key if we queued, and reads the
+// queue. The token is the ModifyIndex of that write, read from the answer;
+// the first waiter in the queue is whom Unlock hands the lock to.
 func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 	m := a.m
-	ops := make(api.TxnOps, 0, 3)
+	ops := make(api.TxnOps, 0, 4)
 	if seen == nil {
 		ops = append(ops, kvOp(api.KVCheckNotExists, m.lockKey))
 	} else {
@@ -377,6 +434,7 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 	if a.queued {
 		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
 	}
+	ops = append(ops, kvOp(api.KVGetTree, m.queuePrefix))
 	// Not cancelled with the caller's context: the outcome of this write
 	// must be known (a grant acquired as the caller gives up is returned).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.wctx), requestTimeout)
@@ -397,15 +455,58 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 		a.uncertain = true
 		return 0, 0, err
 	}
-	if n := len(resp.Results); n > 0 && resp.Results[n-1].KV != nil {
-		e := resp.Results[n-1].KV // the lock operation's result comes last
-		if e.Key == m.lockKey && e.Session == m.s.id && e.ModifyIndex != 0 {
-			a.queued = false
-			return e.ModifyIndex, taken, nil
+	// The answer: the check-index's entry (if any, not ours), the lock
+	// operation's entry (ours), then the queue.
+	var token uint64
+	var tree []*api.TxnResult
+	for _, r := range resp.Results {
+		switch e := r.KV; {
+		case e == nil:
+		case e.Key == m.lockKey && e.Session == m.s.id && e.ModifyIndex != 0:
+			token = e.ModifyIndex
+		case strings.HasPrefix(e.Key, m.queuePrefix):
+			tree = append(tree, r)
 		}
 	}
-	a.uncertain = true
-	return 0, 0, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry")
+	if token == 0 {
+		a.uncertain = true
+		return 0, 0, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry")
+	}
+	a.queued = false
+	queue, _, _ := m.parseQueue(tree)
+	a.next = m.successor(queue)
+	return token, taken, nil
+}
+
+// handOver ends the grant of key held with token: when next (a queue entry)
+// is known, one transaction releases the key and acquires it for next's
+// session, guarded by our hold and by next's entry being unchanged and still
+// of a live session, and deletes that entry; next's waiter sees the key held
+// by its session and takes the grant, with the ModifyIndex of this write as
+// its token. If the handoff fails (next gave up, its session ended, an ACL
+// refuses it), the key is released plainly and the queue goes on as usual.
+func (s *Session) handOver(ctx context.Context, key string, token uint64, next *api.KVPair) error {
+	if next == nil {
+		return s.release(ctx, key, token)
+	}
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: key, Session: s.id}},
+		{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: key, Index: token}},
+		{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Flags: api.LockFlagValue, Session: next.Session}},
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: next.Key, Session: next.Session}},
+		{KV: &api.KVTxnOp{Verb: api.KVDeleteCAS, Key: next.Key, Index: next.ModifyIndex}},
+	}
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return s.release(ctx, key, token)
+	case err != nil:
+		return err
+	}
+	s.forget(key, token)
+	return nil
 }
 
 // enqueue creates our queue key (step 2) and returns the view of the lock
@@ -440,7 +541,14 @@ func (a *acquisition) enqueue() (view, error) {
 	if len(resp.Results) < 2 {
 		return view{}, fmt.Errorf("holdfast/consul: queue up on %s: short answer from Consul", m.name)
 	}
-	return m.parse(resp.Results[1], resp.Results[2:])
+	v, err := m.parse(resp.Results[1], resp.Results[2:])
+	if err == nil && v.me != nil {
+		a.queueIndex = v.me.CreateIndex
+		if a.since == 0 {
+			a.since = v.me.CreateIndex
+		}
+	}
+	return v, err
 }
 
 // read returns the lock key and the queue, in one read-only transaction.
@@ -581,6 +689,13 @@ func (m *Mutex) parse(lock *api.TxnResult, tree []*api.TxnResult) (view, error) 
 	if lock.KV.ModifyIndex != 0 { // get-or-empty answers index 0 for no key
 		v.lock = lock.KV
 	}
+	v.queue, v.dead, v.me = m.parseQueue(tree)
+	return v, nil
+}
+
+// parseQueue sorts the results of a get-tree of the queue prefix into live
+// entries (by CreateIndex), dead ones, and our own live one.
+func (m *Mutex) parseQueue(tree []*api.TxnResult) (queue, dead []*api.KVPair, me *api.KVPair) {
 	for _, r := range tree {
 		e := r.KV
 		if e == nil {
@@ -591,16 +706,27 @@ func (m *Mutex) parse(lock *api.TxnResult, tree []*api.TxnResult) (view, error) 
 			continue
 		}
 		if e.Session == "" {
-			v.dead = append(v.dead, e)
+			dead = append(dead, e)
 			continue
 		}
-		v.queue = append(v.queue, e)
+		queue = append(queue, e)
 		if e.Key == m.queueKey && e.Session == m.s.id {
-			v.me = e
+			me = e
 		}
 	}
-	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
-	return v, nil
+	slices.SortFunc(queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
+	return queue, dead, me
+}
+
+// successor returns the first live entry of queue (sorted) other than ours:
+// the next waiter, to hand the lock to.
+func (m *Mutex) successor(queue []*api.KVPair) *api.KVPair {
+	for _, e := range queue {
+		if e.Key != m.queueKey {
+			return e
+		}
+	}
+	return nil
 }
 
 // predecessor returns the live entry just ahead of ours, or nil at the head.

@@ -497,12 +497,17 @@ func (s *Session) release(ctx context.Context, key string, token uint64) error {
 	case err != nil:
 		return err
 	}
+	s.forget(key, token)
+	return err
+}
+
+// forget records that the session no longer holds key with token.
+func (s *Session) forget(key string, token uint64) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.held[key] == token {
 		delete(s.held, key)
 	}
-	s.mu.Unlock()
-	return err
 }
 
 // lockDelayOf returns the lock-delay of another session, if it can be
@@ -530,32 +535,57 @@ func (s *Session) lockDelayOf(ctx context.Context, id string) (time.Duration, bo
 }
 
 // leftover is what a failed acquisition could not clean up: its queue key,
-// and the lock key if an acquire of unknown outcome may have taken it.
+// and the lock key if an acquire of unknown outcome may have taken it, or a
+// holder may have handed it to us while we queued.
 type leftover struct {
 	name, lockKey, queueKey string
 	queued, uncertain       bool
 }
 
-// clean removes a leftover: the lock key only if our session holds it, the
-// queue key (named after our session) in any case. The caller must hold the
+// clean removes a leftover: our queue key (named after our session) if we
+// queued, and the lock key if our session holds it (an acquire of unknown
+// outcome took it, or a holder handed it to us). The caller must hold the
 // name in s.names, so that no grant or acquisition of ours uses these keys.
+// The queue key is deleted in the transaction that reads the lock key: once
+// it is gone no holder can hand us the lock, so a handoff to us is either
+// seen here or never happens.
 func (s *Session) clean(ctx context.Context, l leftover) error {
-	if l.uncertain {
-		pair, _, err := s.client.KV().Get(l.lockKey, (&api.QueryOptions{}).WithContext(ctx))
-		if err != nil {
-			return err
-		}
-		if pair != nil && pair.Session == s.id {
-			if err := s.release(ctx, l.lockKey, pair.ModifyIndex); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+	var ops api.TxnOps
+	if l.queued {
+		ops = append(ops, kvOp(api.KVDelete, l.queueKey))
+	}
+	ops = append(ops, kvOp(api.KVGetOrEmpty, l.lockKey))
+	resp, err := s.txn(ctx, ops)
+	if err != nil {
+		return err
+	}
+	for _, r := range resp.Results {
+		if e := r.KV; e != nil && e.Key == l.lockKey && e.Session == s.id {
+			if err := s.release(ctx, l.lockKey, e.ModifyIndex); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 				return err
 			}
 		}
 	}
-	if l.queued {
-		if _, err := s.txn(ctx, api.TxnOps{kvOp(api.KVDelete, l.queueKey)}); err != nil {
-			return err
-		}
+	return nil
+}
+
+// cleanLeftover cleans the leftover of name, if there is one. The caller
+// must hold the name in s.names.
+func (s *Session) cleanLeftover(ctx context.Context, name string) error {
+	s.mu.Lock()
+	l, ok := s.leftovers[name]
+	s.mu.Unlock()
+	if !ok {
+		return nil
 	}
+	cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	if err := s.clean(cctx, l); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.leftovers, name)
+	s.mu.Unlock()
 	return nil
 }
 

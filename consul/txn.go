@@ -25,6 +25,7 @@ type Grant struct {
 	base  *core.Grant // key, token, context, reentrancy, release
 	s     *Session
 	token uint64
+	next  *api.KVPair // the waiter to hand the lock to on Unlock, if known
 }
 
 var _ holdfast.Grant = (*Grant)(nil)
@@ -119,8 +120,9 @@ func (g *Grant) notHeld() error {
 	return fmt.Errorf("%w: %s", holdfast.ErrNotHeld, g.Key())
 }
 
-// release is the guarded delete behind Unlock: check-session + delete-cas on
-// the token, in one transaction.
+// release is behind Unlock: a direct handoff to the next waiter if one is
+// known (see Session.handOver), else the guarded delete (check-session +
+// delete-cas on the token, in one transaction).
 func (g *Grant) release(ctx context.Context) error {
 	if errors.Is(g.s.alive(), holdfast.ErrSessionClosed) {
 		// Close released the key already, if it could.
@@ -129,7 +131,12 @@ func (g *Grant) release(ctx context.Context) error {
 	lost := g.Context().Err() != nil
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	err := g.s.release(ctx, g.Key(), g.token)
+	var err error
+	if lost {
+		err = g.s.release(ctx, g.Key(), g.token)
+	} else {
+		err = g.s.handOver(ctx, g.Key(), g.token, g.next)
+	}
 	if err != nil && lost && !errors.Is(err, holdfast.ErrNotHeld) {
 		// The grant is gone anyway; Consul frees the key with the session.
 		return fmt.Errorf("%w: %s (and releasing it failed: %w)", holdfast.ErrNotHeld, g.Key(), err)

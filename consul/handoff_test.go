@@ -1,0 +1,439 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+)
+
+// lockResult is what a Lock in a goroutine came to.
+type lockResult struct {
+	g   holdfast.Grant
+	err error
+}
+
+// lockAsync starts m.Lock(ctx) in a goroutine.
+func lockAsync(m *Mutex, ctx context.Context) <-chan lockResult {
+	res := make(chan lockResult, 1)
+	go func() {
+		g, err := m.Lock(ctx)
+		res <- lockResult{g, err}
+	}()
+	return res
+}
+
+// queueUp starts m.Lock(ctx) and waits until m's queue key is in Consul.
+func queueUp(t *testing.T, c *api.Client, m *Mutex, ctx context.Context) <-chan lockResult {
+	t.Helper()
+	res := lockAsync(m, ctx)
+	waitFor(t, 5*time.Second, "queued", func() bool { return slices.Contains(keys(t, c, m.name), m.queueKey) })
+	return res
+}
+
+// receive waits up to d for a Lock's result.
+func receive(t *testing.T, res <-chan lockResult, d time.Duration, who string) lockResult {
+	t.Helper()
+	select {
+	case r := <-res:
+		return r
+	case <-time.After(d):
+		t.Fatalf("%s: Lock did not return within %v", who, d)
+		return lockResult{}
+	}
+}
+
+// lockKeyNow reads the lock key.
+func lockKeyNow(t *testing.T, c *api.Client, name string) *api.KVPair {
+	t.Helper()
+	pair, _, err := c.KV().Get(LockKey(name), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pair
+}
+
+// holderKnowing returns a grant of a holder that knows the waiters queued
+// behind it: a first holder (who knows nobody) holds, x queues, then the
+// waiters queue, and the first holder releases, so that x takes the lock and
+// reads the queue in the same transaction.
+func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (holdfast.Grant, []<-chan lockResult) {
+	t.Helper()
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 30*time.Second))
+	var res []<-chan lockResult
+	for _, w := range waiters {
+		res = append(res, queueUp(t, c, w, timeout(t, 30*time.Second)))
+	}
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.g, res
+}
+
+// TestHandoffFIFO: each holder hands the lock directly to the head of the
+// queue (the lock key is never deleted in between), in queue order, with
+// strictly increasing tokens.
+func TestHandoffFIFO(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	var ws []*Mutex
+	for range 4 {
+		ws = append(ws, newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name))
+	}
+	g, res := holderKnowing(t, c, name, x, ws...)
+	created := lockKeyNow(t, c, name).CreateIndex
+	for i := range ws {
+		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		r := receive(t, res[i], 5*time.Second, "waiter")
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", i, r.err)
+		}
+		for j := i + 1; j < len(ws); j++ {
+			select {
+			case r := <-res[j]:
+				t.Fatalf("waiter %d got the lock (%v) before waiter %d released it", j, r.err, i)
+			default:
+			}
+		}
+		pair := lockKeyNow(t, c, name)
+		if pair == nil || pair.Session != ws[i].s.id || pair.ModifyIndex != uint64(r.g.Token()) {
+			t.Fatalf("waiter %d: lock key %+v, want held by its session at its token %d", i, pair, r.g.Token())
+		}
+		if pair.CreateIndex != created {
+			t.Errorf("waiter %d: lock key recreated (CreateIndex %d, was %d): released, not handed off", i, pair.CreateIndex, created)
+		}
+		if r.g.Token() <= g.Token() {
+			t.Errorf("waiter %d: token %d, not above the previous holder's %d", i, r.g.Token(), g.Token())
+		}
+		if slices.Contains(keys(t, c, name), ws[i].queueKey) {
+			t.Errorf("waiter %d: queue key left after the handoff", i)
+		}
+		g = r.g
+	}
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
+	}
+}
+
+// TestHandoffToCancelledWaiter: the lock is handed to the head of the queue
+// while that waiter cannot see it, and then the waiter gives up. Its cleanup
+// releases the lock it was handed, so the next waiter gets it at once.
+func TestHandoffToCancelledWaiter(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	p := newProxy(t, a.HTTPAddr)
+	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	w1 := newMutex(t, newSession(t, pc, WithLockDelay(0)), name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+	w1ctx, w1cancel := context.WithCancel(context.Background())
+	defer w1cancel()
+	w1res := queueUp(t, c, w1, w1ctx)
+	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+
+	// w1 does not hear of the handoff.
+	p.blackout.Store(true)
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w1.s.id {
+		t.Fatalf("lock key %+v, want handed to w1's session %s", pair, w1.s.id)
+	}
+	p.blackout.Store(false)
+	t0 := time.Now()
+	w1cancel()
+	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
+	}
+	r2 := receive(t, w2res, time.Second, "w2")
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	t.Logf("w2 got the lock %v after w1 gave up", time.Since(t0))
+	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name)}) {
+		t.Errorf("keys: %q, want the lock key only", ks)
+	}
+	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHandoffCancelRace: the head of the queue gives up just as the holder
+// hands it the lock, in many interleavings. Either the head returns the grant
+// or it leaves nothing, and the next waiter gets the lock within a second.
+func TestHandoffCancelRace(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	sx := newSession(t, a.Client(t), WithLockDelay(0))
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	s2 := newSession(t, a.Client(t), WithLockDelay(0))
+	granted := 0
+	for i := range 16 {
+		name := uniqueName(t)
+		x, w1, w2 := newMutex(t, sx, name), newMutex(t, s1, name), newMutex(t, s2, name)
+		first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+		g0, err := first.Lock(timeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+		w1ctx, w1cancel := context.WithCancel(context.Background())
+		w1res := queueUp(t, c, w1, w1ctx)
+		w2res := queueUp(t, c, w2, timeout(t, 10*time.Second))
+		if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		r := receive(t, xres, 5*time.Second, "x")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i%8) * 400 * time.Microsecond)
+			w1cancel()
+		}()
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i/8) * time.Millisecond)
+			if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+				t.Error(err)
+			}
+		}()
+		wg.Wait()
+		t0 := time.Now()
+		r1 := receive(t, w1res, 5*time.Second, "w1")
+		switch {
+		case r1.err == nil:
+			granted++
+			if err := r1.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		case !errors.Is(r1.err, context.Canceled):
+			t.Fatalf("w1: %v", r1.err)
+		}
+		r2 := receive(t, w2res, time.Second, "w2")
+		if r2.err != nil {
+			t.Fatal(r2.err)
+		}
+		if d := time.Since(t0); d > 500*time.Millisecond {
+			t.Logf("round %d: w2 in after %v", i, d)
+		}
+		if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if ks := keys(t, c, name); len(ks) != 0 {
+			t.Errorf("round %d: keys left: %q", i, ks)
+		}
+		w1cancel()
+	}
+	t.Logf("w1 returned the grant in %d of 16 rounds, gave up in the others", granted)
+}
+
+// TestHandoffHeadSessionDestroyed: the head's session is destroyed before
+// the holder unlocks; the handoff fails, Unlock falls back to a plain
+// release, and the next live waiter gets the lock.
+func TestHandoffHeadSessionDestroyed(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	g, res := holderKnowing(t, c, name, x, w1, w2)
+
+	destroy(t, c, s1.ID())
+	if r := receive(t, res[0], 5*time.Second, "w1"); !errors.Is(r.err, holdfast.ErrSessionLost) {
+		t.Fatalf("w1: %v, want ErrSessionLost", r.err)
+	}
+	t0 := time.Now()
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("Unlock with the known successor gone: %v", err)
+	}
+	r := receive(t, res[1], time.Second, "w2")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("w2 got the lock %v after the Unlock", time.Since(t0))
+	if r.g.Token() <= g.Token() {
+		t.Errorf("token %d, not above the previous holder's %d", r.g.Token(), g.Token())
+	}
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
+	}
+}
+
+// TestHandoffTokensIncrease: with 6 contenders cycling for a second, every
+// grant's token is above the one before, and nobody is ever inside with
+// anybody else.
+func TestHandoffTokensIncrease(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	name := uniqueName(t)
+	const n = 6
+	var (
+		last     atomic.Uint64
+		inside   atomic.Int32
+		acquired atomic.Int64
+		wg       sync.WaitGroup
+	)
+	ctx := timeout(t, 15*time.Second)
+	stop := time.Now().Add(time.Second)
+	for range n {
+		m := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				g, err := m.Lock(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					t.Error("two holders at once")
+				}
+				if tok := uint64(g.Token()); tok <= last.Load() {
+					t.Errorf("token %d after %d", tok, last.Load())
+				} else {
+					last.Store(tok)
+				}
+				acquired.Add(1)
+				inside.Add(-1)
+				if err := g.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d acquisitions", acquired.Load())
+	if ks := keys(t, a.Client(t), name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
+	}
+}
+
+// TestHandoffLeftoverCleanedFirst: the lock is handed to a waiter that gives
+// up while Consul is unreachable, so its cleanup fails and the lock stays
+// with its session. The next Lock through that session (renewals are far
+// off) releases it before queueing, so the waiter behind gets the lock.
+func TestHandoffLeftoverCleanedFirst(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	p := newProxy(t, a.HTTPAddr)
+	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	s1 := newSession(t, pc, WithLockDelay(0), WithTTL(time.Hour))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+	w1ctx, w1cancel := context.WithCancel(context.Background())
+	defer w1cancel()
+	w1res := queueUp(t, c, w1, w1ctx)
+	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	p.blackout.Store(true)
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	w1cancel()
+	if r := receive(t, w1res, 2*cleanupTimeout, "w1"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
+	}
+	p.blackout.Store(false)
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want left with w1's session: the test proves nothing", pair)
+	}
+
+	t0 := time.Now()
+	again := lockAsync(w1, timeout(t, 10*time.Second))
+	r2 := receive(t, w2res, time.Second, "w2")
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	t.Logf("w2 got the lock %v after w1's session locked again", time.Since(t0))
+	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r3 := receive(t, again, 5*time.Second, "w1 again")
+	if r3.err != nil {
+		t.Fatal(r3.err)
+	}
+	if r3.g.Token() <= r2.g.Token() {
+		t.Errorf("token %d, not above the previous holder's %d", r3.g.Token(), r2.g.Token())
+	}
+	if err := r3.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
+	}
+}

@@ -153,14 +153,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 			o(&c)
 		}
 	}
-	if !c.marginSet {
-		c.margin = c.ttl / 5
-	}
 	switch {
 	case c.ttl < MinTTL || c.ttl > MaxTTL:
 		return c, fmt.Errorf("%w: %v is outside Consul's session TTL range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, MaxTTL)
-	case c.margin < 0 || c.margin > c.ttl/2:
-		return c, fmt.Errorf("%w: margin %v is not between 0 and half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
 	case c.lockDelay < 0 || c.lockDelay > MaxLockDelay:
 		return c, fmt.Errorf("%w: lock-delay %v is not between 0 and %v", holdfast.ErrInvalidArgument, c.lockDelay, MaxLockDelay)
 	case c.behavior != api.SessionBehaviorRelease && c.behavior != api.SessionBehaviorDelete:
@@ -171,7 +166,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 			return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
 		}
 	}
-	return c, nil
+	var err error
+	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
+	return c, err
 }
 
 // Session is a Consul session renewed in the background. Every lock taken

@@ -202,9 +202,9 @@ func TestHandoffNoStall(t *testing.T) {
 			slow++
 		}
 	}
-	// Allow a couple of scheduler hiccups on a loaded 2-core machine; a
-	// stall on the 100 ms loop would show on every round.
-	if slow > rounds/4 {
+	// Allow scheduler hiccups on a loaded 2-core machine (CI runs packages
+	// in parallel); a stall on the 100 ms loop showed on 20 of 20 rounds.
+	if slow > rounds/2 {
 		t.Fatalf("%d of %d handoffs took more than 60 ms", slow, rounds)
 	}
 }

@@ -71,13 +71,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	case c.ttl%time.Second != 0:
 		return c, fmt.Errorf("%w: %v is not a whole number of seconds (etcd lease TTLs are in seconds)", holdfast.ErrInvalidTTL, c.ttl)
 	}
-	if !c.marginSet {
-		c.margin = c.ttl / 5
-	}
-	if c.margin < 0 || c.margin > c.ttl/2 {
-		return c, fmt.Errorf("%w: margin %v is not between 0 and half the TTL %v", holdfast.ErrInvalidTTL, c.margin, c.ttl)
-	}
-	return c, nil
+	var err error
+	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
+	return c, err
 }
 
 // Session is an etcd lease kept alive in the background. Every grant taken

@@ -93,3 +93,17 @@ func (k *Keeper) Err() error {
 	}
 	return context.Cause(k.ctx)
 }
+
+// Margin returns the safety margin of a session with the given TTL: margin if
+// set, else TTL/5. It must lie between 0 and TTL/2, so that renewals every
+// TTL/3 leave room for a retry before the deadline; otherwise the error wraps
+// holdfast.ErrInvalidTTL.
+func Margin(ttl, margin time.Duration, set bool) (time.Duration, error) {
+	if !set {
+		margin = ttl / 5
+	}
+	if margin < 0 || margin > ttl/2 {
+		return 0, fmt.Errorf("%w: margin %v is not between 0 and half the TTL %v", holdfast.ErrInvalidTTL, margin, ttl)
+	}
+	return margin, nil
+}

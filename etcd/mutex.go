@@ -98,23 +98,21 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 			return g, nil
 		}
 	}
+	// One acquisition per name at a time through this session: they would
+	// share one key.
 	var free func()
+	var rev int64
+	var err error
 	if wait {
-		var err error
 		if free, err = m.s.names.Acquire(ctx, m.name); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("holdfast/etcd: lock %s: %w", m.name, err)
 		}
+		rev, err = m.acquire(ctx)
 	} else {
 		var ok bool
 		if free, ok = m.s.names.TryAcquire(m.name); !ok {
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
 		}
-	}
-	var rev int64
-	var err error
-	if wait {
-		rev, err = m.acquire(ctx)
-	} else {
 		rev, err = m.tryAcquire(ctx)
 	}
 	if err == nil {

@@ -3,7 +3,9 @@ package conformance
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +143,25 @@ func topFunction(stack string) string {
 		return entry + " (created by " + creator + ")"
 	}
 	return entry
+}
+
+// VerifyTestMain runs a package's tests and exits non-zero if goroutines
+// started during them are still running about 5 s after the last one ended.
+// Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
+func VerifyTestMain(m *testing.M) {
+	before := runtime.NumGoroutine()
+	code := m.Run()
+	deadline := time.Now().Add(goroutineWait)
+	for code == 0 && runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "FAIL: %d goroutines left running, %d before the tests:\n", runtime.NumGoroutine(), before)
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			code = 1
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	os.Exit(code)
 }

@@ -3,11 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"os"
 	"regexp"
-	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,26 +11,13 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/embedtest"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once
 // the tests are done.
-func TestMain(m *testing.M) {
-	before := runtime.NumGoroutine()
-	code := m.Run()
-	deadline := time.Now().Add(5 * time.Second)
-	for code == 0 && runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "FAIL: %d goroutines left running, %d before the tests:\n", runtime.NumGoroutine(), before)
-			pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-			code = 1
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
 
 // runCron runs the example in-process, bounded, and returns its output.
 func runCron(t *testing.T, args ...string) string {

@@ -174,3 +174,68 @@ func TestClusterLeaderFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIsolatedMemberHolderToldFirst: in a three-member cluster, the holder
+// talks only to one member, which is then cut off from its peers. Its
+// keepalives fail (no leader), the lease expires on the majority side and a
+// waiter there is granted the lock; the holder must be told first.
+func TestIsolatedMemberHolderToldFirst(t *testing.T) {
+	c := embedtest.EtcdCluster(t, 3)
+	ctx := context.Background()
+	leader, err := c.WaitLeader(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	isolated := (leader + 1) % 3 // a follower
+	holderCli := c.Client(t, func(cfg *clientv3.Config) { cfg.Endpoints = []string{c.Endpoint(isolated)} })
+	hs, err := etcd.NewSession(ctx, holderCli, etcd.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hs.Close()
+	hm, _ := etcd.NewMutex(hs, "/isolated")
+	g, err := hm.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := []string{c.Endpoint(leader), c.Endpoint((leader + 2) % 3)}
+	waiterCli := c.Client(t, func(cfg *clientv3.Config) { cfg.Endpoints = others })
+	ws, err := etcd.NewSession(ctx, waiterCli, etcd.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	wm, _ := etcd.NewMutex(ws, "/isolated")
+
+	var mu sync.Mutex
+	var toldAt time.Time
+	go func() {
+		<-g.Context().Done()
+		mu.Lock()
+		toldAt = time.Now()
+		mu.Unlock()
+	}()
+	c.CutPeer(isolated)
+	defer c.MendPeer(isolated)
+	cut := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	wg, err := wm.Lock(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grantedAt := time.Now()
+	defer wg.Unlock(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if toldAt.IsZero() || !toldAt.Before(grantedAt) {
+		t.Fatalf("holder told at %v, waiter granted at %v (after the cut)", toldAt.Sub(cut), grantedAt.Sub(cut))
+	}
+	if !errors.Is(context.Cause(g.Context()), holdfast.ErrSessionLost) {
+		t.Fatalf("cause %v, want ErrSessionLost", context.Cause(g.Context()))
+	}
+	if wg.Token() <= g.Token() {
+		t.Fatalf("new token %d not above old %d", wg.Token(), g.Token())
+	}
+	t.Logf("holder told %v after the cut, waiter granted %v after (lead %v)", toldAt.Sub(cut), grantedAt.Sub(cut), grantedAt.Sub(toldAt))
+}

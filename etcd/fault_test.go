@@ -76,29 +76,40 @@ func TestPartitionedHolderToldFirst(t *testing.T) {
 	}
 	wm := newMutex(t, newSession(t, c, etcd.WithTTL(3*time.Second)), "/partition")
 
+	toldFirst(t, g, wm, 15*time.Second, func() {
+		p.BlackholeTx()
+		p.BlackholeRx()
+	})
+}
+
+// toldFirst cuts a holder off with cut, then waits (at most timeout) until
+// waiter is granted the lock, and checks that the holder's grant context was
+// cancelled, for a lost session, before that grant, and that the new token is
+// higher.
+func toldFirst(t *testing.T, g holdfast.Grant, waiter *etcd.Mutex, timeout time.Duration, cut func()) {
+	t.Helper()
 	var mu sync.Mutex
-	var toldAt, grantedAt time.Time
+	var toldAt time.Time
 	go func() {
 		<-g.Context().Done()
 		mu.Lock()
 		toldAt = time.Now()
 		mu.Unlock()
 	}()
-	p.BlackholeTx()
-	p.BlackholeRx()
-	cut := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	cut()
+	cutAt := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	wg, err := wm.Lock(wctx)
+	wg, err := waiter.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	grantedAt = time.Now()
-	defer wg.Unlock(ctx)
+	grantedAt := time.Now()
+	defer wg.Unlock(context.Background())
 	mu.Lock()
 	defer mu.Unlock()
 	if toldAt.IsZero() || !toldAt.Before(grantedAt) {
-		t.Fatalf("holder told at %v, waiter granted at %v (after the cut)", toldAt.Sub(cut), grantedAt.Sub(cut))
+		t.Fatalf("holder told at %v, waiter granted at %v (after the cut)", toldAt.Sub(cutAt), grantedAt.Sub(cutAt))
 	}
 	if !errors.Is(context.Cause(g.Context()), holdfast.ErrSessionLost) {
 		t.Fatalf("cause %v, want ErrSessionLost", context.Cause(g.Context()))
@@ -106,7 +117,7 @@ func TestPartitionedHolderToldFirst(t *testing.T) {
 	if wg.Token() <= g.Token() {
 		t.Fatalf("new token %d not above old %d", wg.Token(), g.Token())
 	}
-	t.Logf("holder told %v after the cut, waiter granted %v after (lead %v)", toldAt.Sub(cut), grantedAt.Sub(cut), grantedAt.Sub(toldAt))
+	t.Logf("holder told %v after the cut, waiter granted %v after (lead %v)", toldAt.Sub(cutAt), grantedAt.Sub(cutAt), grantedAt.Sub(toldAt))
 }
 
 // TestClusterLeaderFailover keeps a lock usable across the loss of the etcd
@@ -207,35 +218,6 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 	defer ws.Close()
 	wm, _ := etcd.NewMutex(ws, "/isolated")
 
-	var mu sync.Mutex
-	var toldAt time.Time
-	go func() {
-		<-g.Context().Done()
-		mu.Lock()
-		toldAt = time.Now()
-		mu.Unlock()
-	}()
-	c.CutPeer(isolated)
 	defer c.MendPeer(isolated)
-	cut := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	wg, err := wm.Lock(wctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grantedAt := time.Now()
-	defer wg.Unlock(ctx)
-	mu.Lock()
-	defer mu.Unlock()
-	if toldAt.IsZero() || !toldAt.Before(grantedAt) {
-		t.Fatalf("holder told at %v, waiter granted at %v (after the cut)", toldAt.Sub(cut), grantedAt.Sub(cut))
-	}
-	if !errors.Is(context.Cause(g.Context()), holdfast.ErrSessionLost) {
-		t.Fatalf("cause %v, want ErrSessionLost", context.Cause(g.Context()))
-	}
-	if wg.Token() <= g.Token() {
-		t.Fatalf("new token %d not above old %d", wg.Token(), g.Token())
-	}
-	t.Logf("holder told %v after the cut, waiter granted %v after (lead %v)", toldAt.Sub(cut), grantedAt.Sub(cut), grantedAt.Sub(toldAt))
+	toldFirst(t, g, wm, 20*time.Second, func() { c.CutPeer(isolated) })
 }

@@ -3,6 +3,7 @@ package holdfast
 import (
 	"context"
 	"strconv"
+	"time"
 )
 
 // Token is a fencing token. Tokens of successive grants of one lock strictly
@@ -12,7 +13,8 @@ import (
 // On etcd the token is the create revision of the holder's key; on Consul it is
 // the raft index (ModifyIndex) of the write that acquired the lock key. Both
 // are store-wide counters: tokens are comparable between grants of the same
-// lock, and they are never zero.
+// lock, and they are never zero. They are not consecutive: other writes to the
+// store advance the same counter, so gaps between tokens are normal.
 type Token uint64
 
 // String returns the token in decimal.
@@ -22,8 +24,10 @@ func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }
 //
 // A Grant is safe for concurrent use.
 type Grant interface {
-	// Key is the store key whose existence (etcd) or acquisition (Consul)
-	// holds the grant.
+	// Key is the store key that holds the grant: on etcd the holder's own
+	// key "<name>/<lease ID in hex>", whose existence is the grant; on
+	// Consul the lock key "<name>/.lock", acquired with the holder's
+	// session.
 	Key() string
 
 	// Token is the fencing token of this grant. It does not change while the
@@ -35,24 +39,83 @@ type Grant interface {
 	// ErrLost, and ErrSessionLost or ErrSessionClosed where that is why; the
 	// backends cancel it before the store could grant the lock to another
 	// client, under the assumptions documented on their session options.
-	// Work protected by the grant should run under this context.
+	// Its Err and Done methods compare the safe deadline (see Deadline) with
+	// the monotonic clock on every call, so a holder that was paused past
+	// the deadline sees the grant as lost at its first check after the
+	// pause, before any timer has fired. Work protected by the grant should
+	// run under this context.
 	Context() context.Context
 
+	// Deadline is the grant's safe deadline as of this call: the moment on
+	// this process's monotonic clock after which the store may have
+	// expired the session behind the grant, minus the safety margin. Each
+	// acknowledged renewal moves it forward. Use it to bound work passed
+	// downstream (a database statement timeout, say). A context's own
+	// deadline cannot move, which is why Context does not report it.
+	Deadline() time.Time
+
 	// Unlock releases the grant. It removes only this grant's key (a late or
-	// repeated Unlock never touches a newer grant) and returns ErrNotHeld if
-	// the grant was already released or lost. A reentrant grant is released
-	// by the Unlock that matches its first Lock.
+	// repeated Unlock never touches a newer grant) and returns an error
+	// wrapping ErrNotHeld if the grant was already released or lost; a
+	// reentrant grant is released by the Unlock that matches its first
+	// Lock.
+	//
+	// The grant ends locally at once: its context is cancelled with
+	// ErrReleased before the release is sent. ctx bounds only the wait for
+	// the store to confirm the release: if ctx ends first (or the store
+	// cannot be reached), Unlock returns an error wrapping ctx's error, and
+	// the session goes on releasing the key in the background, retrying
+	// while the session lives; the lock can be taken again through the
+	// same session once that is done. Unlock of a grant already known to
+	// be lost returns at once, without waiting for the store.
 	Unlock(ctx context.Context) error
 }
 
 // Locker hands out grants of one named lock.
 type Locker interface {
 	// Lock blocks until the lock is granted, ctx is done, or the session
-	// behind the locker ends. Waiters are granted in first-come order. On
-	// any error nothing is left in the store.
+	// behind the locker ends. Waiters are granted in first-come order. It
+	// returns within milliseconds of ctx ending, even if the store cannot be
+	// reached; whatever the attempt left in the store (a waiter's key) is
+	// removed in the background by the session, as soon as the store can be
+	// reached, while the session lives.
 	Lock(ctx context.Context) (Grant, error)
 
 	// TryLock takes the lock if nobody holds it or waits for it, and returns
-	// an error wrapping ErrLocked at once otherwise.
+	// an error wrapping ErrLocked at once otherwise. It writes nothing when
+	// it fails.
 	TryLock(ctx context.Context) (Grant, error)
+}
+
+// GrantLocker is what every backend's lock offers: Lock and TryLock that
+// return the backend's own grant type G (such as *etcd.Grant), so that
+// guarded writes need no type assertion. AsLocker turns one into a Locker.
+type GrantLocker[G Grant] interface {
+	Lock(ctx context.Context) (G, error)
+	TryLock(ctx context.Context) (G, error)
+}
+
+// AsLocker returns l as a Locker, for code that should not depend on the
+// store:
+//
+//	m, err := etcd.NewMutex(s, "jobs/nightly")
+//	...
+//	var l holdfast.Locker = holdfast.AsLocker[*etcd.Grant](m)
+//
+// Lock and TryLock return l's grants unchanged (a type switch on the Grant
+// recovers the backend's type); on error the Grant is nil.
+func AsLocker[G Grant](l GrantLocker[G]) Locker { return locker[G]{l} }
+
+type locker[G Grant] struct{ l GrantLocker[G] }
+
+func (a locker[G]) Lock(ctx context.Context) (Grant, error)    { return grant(a.l.Lock(ctx)) }
+func (a locker[G]) TryLock(ctx context.Context) (Grant, error) { return grant(a.l.TryLock(ctx)) }
+
+// grant converts a backend's (G, error) into (Grant, error) without turning a
+// nil *T into a non-nil interface.
+func grant[G Grant](g G, err error) (Grant, error) {
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
 }

@@ -5,44 +5,43 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/holdfast/holdfast/internal/options"
 )
 
-// LockOption configures a lock, a semaphore or an election. Every backend
-// accepts the same options.
-type LockOption func(*LockConfig)
+// LockOption configures a lock. Every backend accepts the same options; see
+// WithReentrant.
+type LockOption func(*options.Lock)
 
-// LockConfig is the result of applying LockOptions. Backends read it; users
-// set it through the With... functions.
-type LockConfig struct {
-	// Reentrant lets the owner of a grant (the Locker value that took it)
-	// lock again without blocking: the same grant is returned, its token is
-	// unchanged, and it is released by the Unlock that matches the first
-	// Lock. Default false: a second Lock through the same Locker waits like
-	// any other contender.
-	Reentrant bool
-}
-
-// WithReentrant makes a lock reentrant: see LockConfig.Reentrant.
-func WithReentrant() LockOption { return func(c *LockConfig) { c.Reentrant = true } }
-
-// NewLockConfig applies opts to the defaults.
-func NewLockConfig(opts ...LockOption) LockConfig {
-	var c LockConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c
-}
+// WithReentrant makes a lock reentrant: the owner of a grant (the lock value,
+// such as an *etcd.Mutex, that took it) may lock again while it holds the
+// grant without blocking. The same grant is returned, its token is
+// unchanged, and it is released by the Unlock that matches the first Lock.
+// Without it (the default), a second Lock through the same lock value waits
+// like any other contender.
+func WithReentrant() LockOption { return func(c *options.Lock) { c.Reentrant = true } }
 
 // MaxNameLen is the longest lock name accepted, in bytes.
 const MaxNameLen = 512
 
-// ValidateName checks a lock name against the rules common to every backend:
-// not empty, at most MaxNameLen bytes of valid UTF-8, no control characters or
-// white space, and no empty path segment ("a//b") or trailing "/". Backends add
-// their own rules. The error wraps ErrInvalidName.
+// ValidateName checks a lock name against the rule that every backend
+// applies, so that a name means the same lock on every store:
+//
+//   - 1 to MaxNameLen bytes of valid UTF-8, without control characters or
+//     white space;
+//   - a path of segments separated by "/": no leading or trailing "/", no
+//     empty segment ("a//b");
+//   - no segment starting with "." (such segments name holdfast's own keys,
+//     as in "<name>/.lock" on Consul; "." and ".." are refused too).
+//
+// Names are hierarchical, and a name must not be used as a lock while a
+// longer name under it ("jobs" and "jobs/nightly") is in use: the native
+// etcd layout keeps a lock's keys under "<name>/", so the shorter name would
+// see the longer name's keys as its own queue. A backend that finds keys of
+// a longer name under the one it locks fails with an error wrapping
+// ErrConflict; the longer name is not affected.
+//
+// The error wraps ErrInvalidName.
 func ValidateName(name string) error {
 	switch {
 	case name == "":
@@ -51,6 +50,8 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidName, len(name), MaxNameLen)
 	case !utf8.ValidString(name):
 		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidName, name)
+	case strings.HasPrefix(name, "/"):
+		return fmt.Errorf("%w: %q starts with /", ErrInvalidName, name)
 	case strings.HasSuffix(name, "/"):
 		return fmt.Errorf("%w: %q ends with /", ErrInvalidName, name)
 	case strings.Contains(name, "//"):
@@ -59,6 +60,11 @@ func ValidateName(name string) error {
 	for _, r := range name {
 		if unicode.IsControl(r) || unicode.IsSpace(r) {
 			return fmt.Errorf("%w: %q contains %U", ErrInvalidName, name, r)
+		}
+	}
+	for seg := range strings.SplitSeq(name, "/") {
+		if strings.HasPrefix(seg, ".") {
+			return fmt.Errorf("%w: %q has the segment %q: segments starting with . are reserved for holdfast's keys", ErrInvalidName, name, seg)
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 func TestValidateName(t *testing.T) {
@@ -15,7 +16,8 @@ func TestValidateName(t *testing.T) {
 		"locks",
 		"locks/orders",
 		"locks/orders/42",
-		"/locks/orders", // a leading / is allowed here (Consul adds its own rule)
+		"locks/v1.2",
+		"locks/a..b",
 		"a.b-c_d:e@f",
 		"ロック/注文",
 		"\u00e9",
@@ -47,6 +49,12 @@ func TestValidateName(t *testing.T) {
 		{"empty segment", "locks//a"},
 		{"empty segment at the start", "//locks"},
 		{"triple slash", "a///b"},
+		{"leading slash", "/locks/orders"},
+		{"dot segment", "locks/./a"},
+		{"dot-dot segment", "locks/../a"},
+		{"reserved .lock segment", "locks/.lock"},
+		{"reserved .queue segment", "a/.queue/b"},
+		{"hidden first segment", ".locks"},
 	}
 	for _, name := range good {
 		if err := holdfast.ValidateName(name); err != nil {
@@ -65,27 +73,24 @@ func TestValidateName(t *testing.T) {
 	}
 }
 
-func TestNewLockConfig(t *testing.T) {
-	if c := holdfast.NewLockConfig(); c != (holdfast.LockConfig{}) {
-		t.Errorf("NewLockConfig() = %+v, want the zero LockConfig", c)
+func TestLockOptions(t *testing.T) {
+	apply := func(opts ...holdfast.LockOption) options.Lock { return options.ApplyLock(opts) }
+	if c := apply(); c != (options.Lock{}) {
+		t.Errorf("no options = %+v, want the zero config", c)
 	}
-	if c := holdfast.NewLockConfig(holdfast.WithReentrant()); !c.Reentrant {
-		t.Error("NewLockConfig(WithReentrant()).Reentrant = false")
+	if c := apply(holdfast.WithReentrant()); !c.Reentrant {
+		t.Error("WithReentrant(): Reentrant = false")
 	}
-	if c := holdfast.NewLockConfig(nil); c.Reentrant {
-		t.Error("NewLockConfig(nil).Reentrant = true")
+	if c := apply(nil); c.Reentrant {
+		t.Error("nil option: Reentrant = true")
 	}
-	if c := holdfast.NewLockConfig(nil, holdfast.WithReentrant(), nil); !c.Reentrant {
-		t.Error("NewLockConfig(nil, WithReentrant(), nil).Reentrant = false")
-	}
-	opts := []holdfast.LockOption{holdfast.WithReentrant(), holdfast.WithReentrant()}
-	if c := holdfast.NewLockConfig(opts...); !c.Reentrant {
-		t.Error("NewLockConfig(WithReentrant(), WithReentrant()).Reentrant = false")
+	if c := apply(nil, holdfast.WithReentrant(), nil); !c.Reentrant {
+		t.Error("nil, WithReentrant(), nil: Reentrant = false")
 	}
 	// Options apply in order; a custom option sees what came before.
 	var seen bool
-	record := func(c *holdfast.LockConfig) { seen = c.Reentrant }
-	holdfast.NewLockConfig(holdfast.WithReentrant(), record)
+	record := func(c *options.Lock) { seen = c.Reentrant }
+	apply(holdfast.WithReentrant(), record)
 	if !seen {
 		t.Error("an option did not see the effect of the option before it")
 	}

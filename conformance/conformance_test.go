@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 const (
@@ -30,7 +31,7 @@ const (
 // TestFake runs the suite against the correct fake: every subtest passes
 // and no goroutine is left behind.
 func TestFake(t *testing.T) {
-	conformance.CheckGoroutines(t)
+	leakcheck.Check(t)
 	conformance.Run(t, newFakeStore("").backend())
 }
 
@@ -42,7 +43,7 @@ func TestBrokenFakeHelper(t *testing.T) {
 	if bug == "" {
 		t.Skip("child process of TestSuiteCatchesBrokenFakes")
 	}
-	conformance.CheckGoroutines(t)
+	leakcheck.Check(t)
 	conformance.Run(t, newFakeStore(bug).backend())
 }
 

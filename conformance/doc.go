@@ -9,7 +9,7 @@
 // A backend's test looks like this:
 //
 //	func TestConformance(t *testing.T) {
-//		conformance.CheckGoroutines(t) // first, so that its check runs last
+//		leakcheck.Check(t) // first, so that its check runs last
 //		cli := embedtest.Etcd(t)
 //		conformance.Run(t, conformance.Backend{
 //			NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, func()) {

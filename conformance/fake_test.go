@@ -8,9 +8,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 // This file is an in-memory, in-process lock store with etcd's key layout
@@ -80,7 +82,7 @@ func (st *fakeStore) backend() conformance.Backend {
 				sess:      s,
 				name:      name,
 				key:       name + "/" + s.id,
-				reentrant: holdfast.NewLockConfig(opts...).Reentrant && st.bug != bugReentrantIgnored,
+				reentrant: options.ApplyLock(opts).Reentrant && st.bug != bugReentrantIgnored,
 				slot:      make(chan struct{}, 1),
 			}
 			kill := func() { st.endSession(s, fmt.Errorf("%w: session %s killed", holdfast.ErrSessionLost, s.id)) }
@@ -345,6 +347,7 @@ func (g *fakeGrant) reenter() bool {
 func (g *fakeGrant) Key() string              { return g.l.key }
 func (g *fakeGrant) Token() holdfast.Token    { return g.token }
 func (g *fakeGrant) Context() context.Context { return g.ctx }
+func (g *fakeGrant) Deadline() time.Time      { return time.Now().Add(time.Hour) }
 
 func (g *fakeGrant) Unlock(ctx context.Context) error {
 	if ctx == nil {

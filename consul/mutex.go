@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 const (
@@ -62,10 +62,7 @@ type Mutex struct {
 	lockKey     string
 	queuePrefix string
 	queueKey    string
-	reentrant   bool
-
-	mu   sync.Mutex
-	held *Grant // last grant, for reentrancy
+	reentry     core.Reentry[*Grant]
 }
 
 // NewMutex returns the lock called name, taken through session s. The name
@@ -81,14 +78,14 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	cfg := holdfast.NewLockConfig(opts...)
+	cfg := options.ApplyLock(opts)
 	return &Mutex{
 		s:           s,
 		name:        name,
 		lockKey:     LockKey(name),
 		queuePrefix: name + queueInfix,
 		queueKey:    name + queueInfix + s.id,
-		reentrant:   cfg.Reentrant,
+		reentry:     core.Reentry[*Grant]{Enabled: cfg.Reentrant},
 	}, nil
 }
 
@@ -135,7 +132,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (holdfast.Grant, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
 	}
-	if g := m.reenter(); g != nil {
+	if g, ok := m.reentry.Enter(); ok {
 		return g, nil
 	}
 	end, err := m.s.begin()
@@ -172,28 +169,13 @@ func (m *Mutex) lock(ctx context.Context, try bool) (holdfast.Grant, error) {
 	return m.grant(token, a.next, free)
 }
 
-// reenter returns the held grant with one more hold, if the Mutex is
-// reentrant and holds the lock.
-func (m *Mutex) reenter() *Grant {
-	if !m.reentrant {
-		return nil
-	}
-	m.mu.Lock()
-	g := m.held
-	m.mu.Unlock()
-	if g != nil && g.base.Reenter() {
-		return g
-	}
-	return nil
-}
-
 // grant wraps an acquired lock key in a Grant whose context is a child of the
 // session's. next is the waiter to hand the lock to on Unlock, if known. free
 // releases the in-process name when the grant ends.
 func (m *Mutex) grant(token uint64, next *api.KVPair, free func()) (holdfast.Grant, error) {
 	m.s.hold(m.lockKey, token)
 	g := &Grant{s: m.s, token: token, next: next}
-	g.base = core.NewGrant(m.s.keeper.Context(), m.lockKey, holdfast.Token(token), g.release, free)
+	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	if g.Context().Err() != nil {
 		// The session ended while we acquired: hand out no grant of a dead
 		// session, and give the key back at once.
@@ -202,9 +184,7 @@ func (m *Mutex) grant(token uint64, next *api.KVPair, free func()) (holdfast.Gra
 		_ = m.s.release(ctx, m.lockKey, token)
 		return nil, m.s.alive()
 	}
-	m.mu.Lock()
-	m.held = g
-	m.mu.Unlock()
+	m.reentry.Remember(g, g.base)
 	return g, nil
 }
 

@@ -185,10 +185,11 @@ type Session struct {
 	id     string
 	cfg    sessionConfig
 	keeper *core.Keeper
+	bg     *core.Background
 	names  core.Names
 
-	stop context.CancelFunc // stops the background goroutines
-	bg   sync.WaitGroup     // the background goroutines
+	stop  context.CancelFunc // stops the background goroutines
+	tasks sync.WaitGroup     // the background goroutines
 
 	mu        sync.Mutex
 	closed    bool
@@ -249,9 +250,10 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 		delays:    make(map[string]time.Duration),
 		leftovers: make(map[string]leftover),
 	}
+	s.bg = core.NewBackground(s.keeper.Context())
 	bctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.bg.Add(2)
+	s.tasks.Add(2)
 	go s.renew(bctx)
 	go s.watch(bctx)
 	return s, nil
@@ -269,7 +271,7 @@ func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOption
 // An answer that the session does not exist ends it at once. After a
 // renewal, cleanups that failed earlier are retried (for at most TTL/6).
 func (s *Session) renew(ctx context.Context) {
-	defer s.bg.Done()
+	defer s.tasks.Done()
 	period := s.cfg.ttl / 3
 	pause := minPause
 	timer := time.NewTimer(period)
@@ -334,7 +336,7 @@ func (s *Session) renewOnce(ctx context.Context) (time.Duration, error) {
 // that): transient ones are retried, and a refusal (an ACL without
 // session:read, say) stops the watch, leaving the renewals alone in charge.
 func (s *Session) watch(ctx context.Context) {
-	defer s.bg.Done()
+	defer s.tasks.Done()
 	var index uint64
 	pause := minPause
 	for ctx.Err() == nil && s.keeper.Err() == nil {
@@ -414,6 +416,7 @@ func (s *Session) close() error {
 	s.stop()
 	s.ops.Wait()
 	s.bg.Wait()
+	s.tasks.Wait()
 
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()

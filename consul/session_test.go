@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 // TestClose: Close cancels grants and waiters with ErrSessionClosed, gives
@@ -88,7 +88,7 @@ func TestClose(t *testing.T) {
 // TestNoGoroutineLeak: after Close, nothing of the session runs.
 func TestNoGoroutineLeak(t *testing.T) {
 	a := agent(t) // before the check: the shared agent outlives the test
-	conformance.CheckGoroutines(t)
+	leakcheck.Check(t)
 	c := a.Client(t)
 	name := uniqueName(t)
 	s, err := NewSession(timeout(t, 5*time.Second), c, WithLockDelay(0))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -38,6 +39,9 @@ func (g *Grant) Token() holdfast.Token { return g.base.Token() }
 
 // Context implements holdfast.Grant.
 func (g *Grant) Context() context.Context { return g.base.Context() }
+
+// Deadline implements holdfast.Grant.
+func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 
 // Unlock implements holdfast.Grant.
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
@@ -128,7 +132,7 @@ func (g *Grant) release(ctx context.Context) error {
 		// Close released the key already, if it could.
 		return g.notHeld()
 	}
-	lost := g.Context().Err() != nil
+	lost := !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased)
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var err error

@@ -12,6 +12,7 @@ import (
 	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 const conformanceTTL = 3 * time.Second
@@ -50,7 +51,7 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 }
 
 func TestConformanceOneNode(t *testing.T) {
-	conformance.CheckGoroutines(t)
+	leakcheck.Check(t)
 	conformance.Run(t, backend(embedtest.Etcd(t)))
 }
 

@@ -32,6 +32,9 @@ func (g *Grant) Token() holdfast.Token { return g.base.Token() }
 // Context implements holdfast.Grant.
 func (g *Grant) Context() context.Context { return g.base.Context() }
 
+// Deadline implements holdfast.Grant.
+func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
+
 // Unlock implements holdfast.Grant.
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 const (
@@ -34,14 +34,11 @@ const (
 // goroutines: through one Session, acquisitions of the same name take turns
 // in-process, since they share one key.
 type Mutex struct {
-	s         *Session
-	name      string
-	pfx       string // name + "/"
-	key       string // pfx + lease ID in hex
-	reentrant bool
-
-	mu   sync.Mutex
-	held *Grant // last grant, for reentrancy
+	s       *Session
+	name    string
+	pfx     string // name + "/"
+	key     string // pfx + lease ID in hex
+	reentry core.Reentry[*Grant]
 }
 
 // NewMutex returns the lock called name, taken through session s. The name is
@@ -56,14 +53,14 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	cfg := holdfast.NewLockConfig(opts...)
+	cfg := options.ApplyLock(opts)
 	pfx := name + "/"
 	return &Mutex{
-		s:         s,
-		name:      name,
-		pfx:       pfx,
-		key:       fmt.Sprintf("%s%x", pfx, int64(s.lease)),
-		reentrant: cfg.Reentrant,
+		s:       s,
+		name:    name,
+		pfx:     pfx,
+		key:     fmt.Sprintf("%s%x", pfx, int64(s.lease)),
+		reentry: core.Reentry[*Grant]{Enabled: cfg.Reentrant},
 	}, nil
 }
 
@@ -90,13 +87,8 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 	if err := m.s.alive(); err != nil {
 		return nil, err
 	}
-	if m.reentrant {
-		m.mu.Lock()
-		g := m.held
-		m.mu.Unlock()
-		if g != nil && g.base.Reenter() {
-			return g, nil
-		}
+	if g, ok := m.reentry.Enter(); ok {
+		return g, nil
 	}
 	// One acquisition per name at a time through this session: they would
 	// share one key.
@@ -126,11 +118,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (holdfast.Grant, error) {
 		return nil, err
 	}
 	g := &Grant{client: m.s.client, rev: rev}
-	g.base = core.NewGrant(m.s.keeper.Context(), m.key, holdfast.Token(rev), g.release, free)
+	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.key, holdfast.Token(rev), g.release, free)
 	time.AfterFunc(watchDelay, g.watch)
-	m.mu.Lock()
-	m.held = g
-	m.mu.Unlock()
+	m.reentry.Remember(g, g.base)
 	return g, nil
 }
 

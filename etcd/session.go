@@ -88,6 +88,7 @@ type Session struct {
 	lease  clientv3.LeaseID
 	cfg    sessionConfig
 	keeper *core.Keeper
+	bg     *core.Background
 	names  core.Names
 
 	stop      context.CancelFunc
@@ -121,6 +122,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 		keeper:    core.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), cfg.margin),
 		renewDone: make(chan struct{}),
 	}
+	s.bg = core.NewBackground(s.keeper.Context())
 	var rctx context.Context
 	rctx, s.stop = context.WithCancel(context.Background())
 	go s.renew(rctx)
@@ -199,6 +201,7 @@ func (s *Session) Close() error {
 		s.stop()
 		<-s.renewDone
 		s.keeper.End(fmt.Errorf("%w: %w", holdfast.ErrLost, holdfast.ErrSessionClosed))
+		s.bg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.ttl, 5*time.Second))
 		defer cancel()
 		if _, err := s.client.Revoke(ctx, s.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {

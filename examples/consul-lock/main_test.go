@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once
 // the tests are done.
-func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // runLock runs the example in-process, bounded, and checks its steps. It
 // returns T2, the token of holdfast's second grant.

@@ -11,13 +11,13 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once
 // the tests are done.
-func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // runCron runs the example in-process, bounded, and returns its output.
 func runCron(t *testing.T, args ...string) string {

@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once
 // the tests are done.
-func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -5,47 +5,75 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/holdfast/holdfast"
 )
 
 // Grant is the bookkeeping shared by every backend's grant: key, token, a
-// context cancelled on release or loss, reentrancy count, and a guarded
-// release supplied by the backend. It implements holdfast.Grant.
+// context cancelled on release or loss, the reentrancy count, and the end of
+// the grant in the store, which runs in the session's background.
+//
+// A grant ends once, by Unlock or by loss. Either way its context is
+// cancelled first, then the backend's release runs as a background task of
+// the session (retried on transport errors while the session lives), and
+// only then is done called (it frees the in-process name, so that the same
+// session cannot lock the name again before the store has seen the end of
+// this grant).
 type Grant struct {
-	key    string
-	token  holdfast.Token
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
-	// release removes the grant from the store, guarded so that it never
-	// touches a newer grant; it returns an error wrapping ErrNotHeld when the
-	// guard fails. done frees local resources (the in-process name slot); it
-	// runs once, on release or loss.
+	key     string
+	token   holdfast.Token
+	keeper  *Keeper
+	bg      *Background
+	ctx     *grantContext
+	cancel  context.CancelCauseFunc
 	release func(context.Context) error
 	done    func()
-	endOnce sync.Once
 
-	mu    sync.Mutex
-	count int // reentrant holds; 0 once released
+	mu       sync.Mutex
+	count    int  // reentrant holds; 0 once released or lost
+	ending   bool // the store release has been started
+	finished chan struct{}
+	result   error // of the store release, once finished is closed
 }
 
-// NewGrant returns a held grant whose context is a child of parent (the
-// session's context, so that a lost session cancels every grant with its
-// cause). done may be nil.
-func NewGrant(parent context.Context, key string, token holdfast.Token, release func(context.Context) error, done func()) *Grant {
-	g := &Grant{key: key, token: token, release: release, done: done, count: 1}
-	g.ctx, g.cancel = context.WithCancelCause(parent)
-	context.AfterFunc(g.ctx, g.end)
+// NewGrant returns a held grant of the session that keeper and bg belong to.
+// Its context is a child of the session's context.
+//
+// release removes the grant from the store in one attempt, guarded so that
+// it never touches a newer grant; it returns an error wrapping
+// holdfast.ErrNotHeld when the guard fails (the grant was lost from outside)
+// and a transport error when it may be retried. done (may be nil) runs once,
+// after the release is over or abandoned because the session ended.
+func NewGrant(keeper *Keeper, bg *Background, key string, token holdfast.Token, release func(context.Context) error, done func()) *Grant {
+	g := &Grant{
+		key: key, token: token, keeper: keeper, bg: bg,
+		release: release, done: done, count: 1,
+		finished: make(chan struct{}),
+	}
+	inner, cancel := context.WithCancelCause(keeper.Context())
+	g.ctx, g.cancel = &grantContext{Context: inner, keeper: keeper}, cancel
+	context.AfterFunc(inner, g.lost)
 	return g
 }
 
-func (g *Grant) end() {
-	g.endOnce.Do(func() {
-		if g.done != nil {
-			g.done()
-		}
-	})
+// grantContext is a grant's context: its Err and Done check the session's
+// safe deadline synchronously (see Keeper.Check), so that a process resumed
+// after a pause past the deadline never sees the grant as held, even before
+// the deadline's timer has fired.
+type grantContext struct {
+	context.Context
+	keeper *Keeper
+}
+
+func (c *grantContext) Err() error {
+	_ = c.keeper.Check()
+	return c.Context.Err()
+}
+
+func (c *grantContext) Done() <-chan struct{} {
+	_ = c.keeper.Check()
+	return c.Context.Done()
 }
 
 // Key implements holdfast.Grant.
@@ -57,10 +85,12 @@ func (g *Grant) Token() holdfast.Token { return g.token }
 // Context implements holdfast.Grant.
 func (g *Grant) Context() context.Context { return g.ctx }
 
-// Lose cancels the grant with cause (which should wrap holdfast.ErrLost),
-// unless it has been released: an Unlock in progress finishes first, so a
-// loss seen through our own release (a watch, a failed guard) never turns a
-// release into a loss.
+// Deadline implements holdfast.Grant.
+func (g *Grant) Deadline() time.Time { return g.keeper.Deadline() }
+
+// Lose ends the grant with cause (which should wrap holdfast.ErrLost),
+// unless it has already ended: a loss seen through our own release (a
+// watch, a failed guard) never turns a release into a loss.
 func (g *Grant) Lose(cause error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -69,60 +99,132 @@ func (g *Grant) Lose(cause error) {
 	}
 }
 
-// Reenter adds a reentrant hold if the grant is still held.
-func (g *Grant) Reenter() bool {
+// Held reports whether the grant has neither been released nor lost,
+// checking the session's deadline now.
+func (g *Grant) Held() bool {
+	if g.ctx.Err() != nil {
+		return false
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.count == 0 || g.ctx.Err() != nil {
+	return g.count > 0
+}
+
+// NotHeld is the error of an operation on a grant that is not held: it
+// wraps holdfast.ErrNotHeld and, if the grant was lost, the cause.
+func (g *Grant) NotHeld() error {
+	if cause := context.Cause(g.ctx); cause != nil && !errors.Is(cause, holdfast.ErrReleased) {
+		return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.key, cause)
+	}
+	return fmt.Errorf("%w: %s was released", holdfast.ErrNotHeld, g.key)
+}
+
+// reenter adds a reentrant hold if the grant is still held.
+func (g *Grant) reenter() bool {
+	if g.ctx.Err() != nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count == 0 {
 		return false
 	}
 	g.count++
 	return true
 }
 
-// Held reports whether the grant has neither been released nor lost.
-func (g *Grant) Held() bool {
+// lost runs when the grant's context is cancelled. If that was a loss (not
+// Unlock), the grant ends: its leftovers are cleaned up in the background.
+func (g *Grant) lost() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.count > 0 && g.ctx.Err() == nil
+	g.count = 0
+	g.mu.Unlock()
+	g.end()
 }
 
-// Unlock implements holdfast.Grant. A transport error leaves the grant held
-// so that Unlock can be retried; the guarded release makes retries safe.
+// end starts the store release, once.
+func (g *Grant) end() {
+	g.mu.Lock()
+	if g.ending {
+		g.mu.Unlock()
+		return
+	}
+	g.ending = true
+	g.mu.Unlock()
+	if !g.bg.Go(g.finish) {
+		g.result = g.keeper.Err()
+		g.complete()
+	}
+}
+
+// finish is the background task that releases the grant in the store. A
+// released grant's key is removed, retrying transport errors while the
+// session lives; a lost grant's key is removed if it is still ours, once:
+// after a loss the key is usually gone already. If the session ends first,
+// the store frees the key with it.
+func (g *Grant) finish(ctx context.Context) {
+	defer g.complete()
+	if errors.Is(context.Cause(g.ctx), holdfast.ErrReleased) {
+		g.result = Retry(ctx, g.release)
+		return
+	}
+	if ctx.Err() == nil {
+		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+		_ = g.release(actx)
+		cancel()
+	}
+}
+
+func (g *Grant) complete() {
+	if g.done != nil {
+		g.done()
+	}
+	close(g.finished)
+}
+
+// Unlock implements holdfast.Grant.
 func (g *Grant) Unlock(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.count == 0 {
-		if cause := context.Cause(g.ctx); !errors.Is(cause, holdfast.ErrReleased) {
-			return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.key, cause)
-		}
-		return fmt.Errorf("%w: %s already released", holdfast.ErrNotHeld, g.key)
+	if g.ctx.Err() != nil { // checks the session's deadline now
+		return g.NotHeld()
 	}
-	lost := g.ctx.Err() != nil
-	if g.count > 1 && !lost {
+	g.mu.Lock()
+	switch {
+	case g.count == 0:
+		g.mu.Unlock()
+		return g.NotHeld()
+	case g.count > 1:
 		g.count--
+		g.mu.Unlock()
 		return nil
 	}
-	// The last hold, or a lost grant (whatever its count): remove our key.
-	// After a loss this is best-effort cleanup of a key that may linger.
-	err := g.release(ctx)
-	if err != nil && !lost && !errors.Is(err, holdfast.ErrNotHeld) {
+	g.count = 0
+	g.cancel(holdfast.ErrReleased)
+	g.mu.Unlock()
+	g.end()
+	select {
+	case <-g.finished:
+	case <-ctx.Done():
+		select {
+		case <-g.finished: // both ready: the answer wins
+		default:
+			return fmt.Errorf("holdfast: unlock %s: release not confirmed, it goes on in the background while the session lives: %w", g.key, ctx.Err())
+		}
+	}
+	switch err := g.result; {
+	case err == nil:
+		return nil
+	case errors.Is(err, holdfast.ErrNotHeld):
+		// The guard failed although nothing had told us of a loss: the key
+		// was removed or taken over from outside.
+		return fmt.Errorf("%w: %s was removed or taken over from outside before Unlock: %w", holdfast.ErrNotHeld, g.key, err)
+	default:
 		return fmt.Errorf("holdfast: unlock %s: %w", g.key, err)
 	}
-	g.count = 0
-	defer g.end()
-	switch {
-	case lost:
-		return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.key, context.Cause(g.ctx))
-	case err != nil:
-		// The guard failed although nothing told us of a loss: the key was
-		// removed or taken over from outside. Report it as a loss.
-		g.cancel(fmt.Errorf("%w: %s removed from outside", holdfast.ErrLost, g.key))
-		return err
-	}
-	g.cancel(holdfast.ErrReleased)
-	return nil
 }
+
+// Finished is closed when the grant's end in the store is over (or was
+// abandoned because the session ended).
+func (g *Grant) Finished() <-chan struct{} { return g.finished }

@@ -1,4 +1,6 @@
-package conformance
+// Package leakcheck finds goroutines that tests leave running. It is test
+// support shared by holdfast's packages and examples.
+package leakcheck
 
 import (
 	"bytes"
@@ -13,17 +15,17 @@ import (
 
 const (
 	// goroutineTolerance is how many more goroutines than at the start
-	// CheckGoroutines accepts at the end (runtime and testing helpers come
+	// Check accepts at the end (runtime and testing helpers come
 	// and go).
 	goroutineTolerance = 2
-	// goroutineWait is how long CheckGoroutines waits for goroutines to end.
+	// goroutineWait is how long Check waits for goroutines to end.
 	goroutineWait = 5 * time.Second
-	// holdfastFrame marks the stack frames CheckGoroutines reports first.
+	// holdfastFrame marks the stack frames Check reports first.
 	holdfastFrame = "github.com/holdfast/holdfast"
 )
 
-// CheckGoroutines fails t if, when t ends, more goroutines are running than
-// when CheckGoroutines was called (give or take a small tolerance for the
+// Check fails t if, when t ends, more goroutines are running than
+// when Check was called (give or take a small tolerance for the
 // runtime and the testing package). It waits up to about 5 s for
 // goroutines to end before it fails, and then reports the stacks of the
 // goroutines started since the call, those with holdfast frames first.
@@ -32,7 +34,7 @@ const (
 // (servers, clients, sessions), so that its check runs last, after they are
 // all closed. It counts every goroutine of the process: do not use it in a
 // test that runs in parallel with others.
-func CheckGoroutines(t *testing.T) {
+func Check(t *testing.T) {
 	t.Helper()
 	start := runtime.NumGoroutine()
 	before := make(map[string]bool)
@@ -149,7 +151,7 @@ func topFunction(stack string) string {
 // started during them are still running about 5 s after the last one ended.
 // Call it from TestMain:
 //
-//	func TestMain(m *testing.M) { conformance.VerifyTestMain(m) }
+//	func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 func VerifyTestMain(m *testing.M) {
 	before := runtime.NumGoroutine()
 	code := m.Run()

@@ -67,23 +67,27 @@ func (k *Keeper) Renewed(sent time.Time, ttl, margin time.Duration) bool {
 	return true
 }
 
-func (k *Keeper) fire() { k.Check() }
+func (k *Keeper) fire() { k.expire() }
 
 // Check ends the session now if its safe deadline has passed on the
 // monotonic clock, without waiting for the timer (which fires late after
 // the process was paused), and returns Err. Every read of a grant's state
 // goes through it.
 func (k *Keeper) Check() error {
-	if k.ctx.Err() != nil {
-		return context.Cause(k.ctx)
+	if k.ctx.Err() == nil && !mutant.On("core/sync-deadline") {
+		k.expire()
 	}
+	return k.Err()
+}
+
+// expire ends the session if its deadline has passed.
+func (k *Keeper) expire() {
 	k.mu.Lock()
 	passed := !k.ended && !time.Now().Before(k.deadline)
 	k.mu.Unlock()
-	if passed && !mutant.On("core/sync-deadline") {
+	if passed {
 		k.End(fmt.Errorf("%w: no renewal acknowledged before the safe deadline (TTL minus margin after the last acknowledged renewal was sent)", holdfast.ErrSessionLost))
 	}
-	return k.Err()
 }
 
 // End ends the session with cause (the first cause wins) and stops the timer.

@@ -16,26 +16,57 @@ import (
 
 // Backend describes a store to the suite.
 type Backend struct {
-	// NewLocker returns a Locker for name on a new session of its own, as a
-	// separate process would have, and a function that kills that session
-	// from outside (etcd: revoke the lease through another client; Consul:
-	// destroy the session), the way the store ends a crashed holder's
-	// session. Everything it creates is cleaned up with t.
-	NewLocker func(t *testing.T, name string, opts ...holdfast.LockOption) (l holdfast.Locker, kill func())
+	// NewLocker returns a Locker for name on a new session of its own, with
+	// a client of its own, as a separate process would have, and the faults
+	// that can be injected around that session. Everything it creates is
+	// cleaned up with t.
+	NewLocker func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, Faults)
 
 	// Keys lists every key under name + "/" (full keys, as Grant.Key
 	// returns them), read through an independent client, sorted.
 	Keys func(t *testing.T, name string) []string
 
+	// Delete deletes key through an independent client, as an operator
+	// would (etcdctl del, consul kv delete).
+	Delete func(t *testing.T, key string)
+
+	// TTL and Margin are the session TTL and safety margin of every
+	// session NewLocker makes: a grant's Deadline must never be later than
+	// TTL - Margin after the moment it is read.
+	TTL, Margin time.Duration
+
 	// LossNotice bounds how long a grant may take to see its context
-	// cancelled after kill() returns (backend-dependent: for etcd, the
-	// renewal period TTL/3 plus slack).
+	// cancelled after Faults.Kill returns, or after Delete of its key.
 	LossNotice time.Duration
 
 	// OpTimeout bounds every Lock, TryLock and Unlock that the suite
-	// expects to succeed, and the takeover after a holder's session is
-	// killed (which includes any Consul lock-delay). Zero means 30 s.
+	// expects to succeed, and every takeover after a holder's session
+	// ended (which includes the store's own expiry of a session cut off
+	// from it, and any Consul lock-delay). Zero means 30 s.
 	OpTimeout time.Duration
+}
+
+// Faults act on one locker's session and its connection to the store.
+type Faults struct {
+	// Kill ends the session in the store from outside (etcd: revoke its
+	// lease; Consul: destroy the session), the way the store ends a
+	// crashed holder's session.
+	Kill func()
+	// Cut drops all traffic between the locker's client and the store, in
+	// both directions, as a network partition would, until Mend.
+	Cut func()
+	// Freeze holds all traffic between the locker's client and the store
+	// until Mend, as a frozen store (or a paused network) would: requests
+	// get no answer, and connections stay open.
+	Freeze func()
+	// Mend undoes Cut and Freeze.
+	Mend func()
+	// Close closes the locker's session (Session.Close).
+	Close func()
+	// Requests returns how many requests the locker's client has sent to
+	// the store so far (etcd: unary RPCs; Consul: HTTP requests), so that
+	// the suite can see which waiters a release wakes.
+	Requests func() int64
 }
 
 const (
@@ -43,11 +74,17 @@ const (
 	// keyWait bounds how long a waiter's queue key may take to appear.
 	keyWait = 10 * time.Second
 	// settle bounds how long keys may take to disappear from a read
-	// through another client after the last Unlock or a kill.
+	// through another client after the last Unlock or a kill, and how
+	// long a release left to the background may take once the store
+	// answers again (a retry pause of up to 1 s plus a 2 s attempt).
 	settle = 5 * time.Second
 	// slack is how long a call may take to return once its context is done
 	// (or it was told to return "promptly").
 	slack = 3 * time.Second
+	// promptly bounds how long a call may take to return once its context
+	// ended, or once its session ended, even with the store frozen: "within
+	// milliseconds", with room for a loaded 2-core machine.
+	promptly = 250 * time.Millisecond
 	// poll is the interval between two reads of Keys while waiting.
 	poll = 20 * time.Millisecond
 )
@@ -62,13 +99,20 @@ type subtest struct {
 var subtests = []subtest{
 	{"MutualExclusion", testMutualExclusion},
 	{"FIFO", testFIFO},
+	{"NoHerd", testNoHerd},
 	{"TryLock", testTryLock},
 	{"CancelCleanup", testCancelCleanup},
 	{"MonotonicTokens", testMonotonicTokens},
 	{"LossNotice", testLossNotice},
+	{"ToldBeforeNextGrant", testToldBeforeNextGrant},
+	{"DeletedKey", testDeletedKey},
+	{"SessionClose", testSessionClose},
 	{"DoubleUnlock", testDoubleUnlock},
 	{"Reentrancy", testReentrancy},
 	{"ContextWhileWaiting", testContextWhileWaiting},
+	{"BoundedLock", testBoundedLock},
+	{"BoundedUnlock", testBoundedUnlock},
+	{"NestedNames", testNestedNames},
 	{"BadInput", testBadInput},
 }
 
@@ -82,6 +126,10 @@ func Run(t *testing.T, b Backend) {
 		t.Fatal("conformance: Backend.NewLocker is nil")
 	case b.Keys == nil:
 		t.Fatal("conformance: Backend.Keys is nil")
+	case b.Delete == nil:
+		t.Fatal("conformance: Backend.Delete is nil")
+	case b.TTL <= 0 || b.Margin < 0 || b.Margin >= b.TTL:
+		t.Fatalf("conformance: Backend.TTL %v and Margin %v: want 0 <= Margin < TTL", b.TTL, b.Margin)
 	case b.LossNotice <= 0:
 		t.Fatal("conformance: Backend.LossNotice must be positive")
 	case b.OpTimeout < 0:
@@ -123,21 +171,28 @@ func newSuite(t *testing.T, b Backend, subtest string) *suite {
 // locker returns a new Locker on a session of its own.
 func (s *suite) locker(opts ...holdfast.LockOption) holdfast.Locker {
 	s.t.Helper()
-	l, _ := s.lockerKill(opts...)
+	l, _ := s.lockerFaults(opts...)
 	return l
 }
 
-// lockerKill returns a new Locker and the function that kills its session.
-func (s *suite) lockerKill(opts ...holdfast.LockOption) (holdfast.Locker, func()) {
+// lockerFaults returns a new Locker and the faults of its session.
+func (s *suite) lockerFaults(opts ...holdfast.LockOption) (holdfast.Locker, Faults) {
 	s.t.Helper()
-	l, kill := s.b.NewLocker(s.t, s.name, opts...)
+	return s.lockerOn(s.name, opts...)
+}
+
+// lockerOn returns a new Locker for another name, and its faults.
+func (s *suite) lockerOn(name string, opts ...holdfast.LockOption) (holdfast.Locker, Faults) {
+	s.t.Helper()
+	l, f := s.b.NewLocker(s.t, name, opts...)
 	if l == nil {
 		s.t.Fatal("Backend.NewLocker returned a nil Locker")
 	}
-	if kill == nil {
-		s.t.Fatal("Backend.NewLocker returned a nil kill function")
+	if f.Kill == nil || f.Cut == nil || f.Freeze == nil || f.Mend == nil || f.Close == nil || f.Requests == nil {
+		s.t.Fatal("Backend.NewLocker returned Faults with a nil function")
 	}
-	return l, kill
+	s.t.Cleanup(f.Mend)
+	return l, f
 }
 
 // ctx returns a context bounded by d and by the end of the subtest.

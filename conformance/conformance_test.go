@@ -56,14 +56,29 @@ var brokenFakes = []struct {
 	{bugLIFO, []string{"FIFO"}},
 	{bugNoExclusion, []string{"MutualExclusion"}},
 	{bugSessionToken, []string{"MutualExclusion", "LossNotice"}},
+	{bugZeroToken, []string{"MonotonicTokens"}},
+	{bugKeyOutside, []string{"MonotonicTokens"}},
 	{bugTryLockBlocks, []string{"TryLock"}},
+	{bugTryLockBarges, []string{"TryLock"}},
 	{bugLeakyCancel, []string{"CancelCleanup"}},
+	{bugCancelledFreeLock, []string{"CancelCleanup"}},
 	{bugReleaseCause, []string{"MonotonicTokens", "Reentrancy"}},
 	{bugNoLossNotice, []string{"LossNotice"}},
+	{bugLossCausePlain, []string{"LossNotice"}},
+	{bugLateNotice, []string{"ToldBeforeNextGrant"}},
+	{bugNoMargin, []string{"ToldBeforeNextGrant"}},
 	{bugUnguardedUnlock, []string{"LossNotice", "DoubleUnlock", "Reentrancy"}},
+	{bugLossCleanupUnguarded, []string{"DeletedKey"}},
 	{bugReentrantIgnored, []string{"Reentrancy"}},
 	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
-	{bugUnlockCancelDrops, []string{"BadInput"}},
+	{bugGrantFromDeadSession, []string{"SessionClose"}},
+	{bugCloseCause, []string{"SessionClose"}},
+	{bugLockIgnoresCtx, []string{"BoundedLock"}},
+	{bugUnlockWaitsForStore, []string{"BoundedUnlock"}},
+	{bugUnlockCancelLeaves, []string{"BoundedUnlock"}},
+	{bugNestedIgnored, []string{"NestedNames"}},
+	{bugNilContext, []string{"BadInput"}},
+	{bugHerd, []string{"NoHerd"}},
 	{bugLeakGoroutine, []string{"CheckGoroutines"}},
 }
 
@@ -165,6 +180,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 
 // allSubtests are the subtests conformance.Run runs.
 var allSubtests = []string{
-	"MutualExclusion", "FIFO", "TryLock", "CancelCleanup", "MonotonicTokens",
-	"LossNotice", "DoubleUnlock", "Reentrancy", "ContextWhileWaiting", "BadInput",
+	"MutualExclusion", "FIFO", "NoHerd", "TryLock", "CancelCleanup", "MonotonicTokens",
+	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
+	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 }

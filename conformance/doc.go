@@ -1,42 +1,68 @@
 // Package conformance is the semantic test suite every holdfast backend must
 // pass. It is imported from a backend's _test.go files, the way
 // golang.org/x/net/nettest is, and drives the backend only through the
-// holdfast.Locker and holdfast.Grant interfaces plus a few hooks described
-// by [Backend]: a way to make a locker on a session of its own, a way to
-// kill that session from outside, and a way to list the keys under a lock
-// name through an independent client.
+// holdfast.Locker and holdfast.Grant interfaces plus the hooks described by
+// [Backend]: a way to make a locker on a session of its own with the faults
+// that can be injected around it ([Faults]: kill the session, cut or freeze
+// its connection, close it, count its requests), a way to delete a key as an
+// operator would, and a way to list the keys under a lock name through an
+// independent client.
 //
 // A backend's test looks like this:
 //
 //	func TestConformance(t *testing.T) {
 //		leakcheck.Check(t) // first, so that its check runs last
-//		cli := embedtest.Etcd(t)
+//		c := embedtest.Etcd(t)
 //		conformance.Run(t, conformance.Backend{
-//			NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, func()) {
-//				// a new client session for name; kill revokes its lease
-//				// through another client; everything is closed with t
+//			NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
+//				// a client through an embedtest.Proxy, a session, a Mutex
+//				// adapted with holdfast.AsLocker; faults act on them
 //			},
-//			Keys: func(t *testing.T, name string) []string {
-//				// every key under name+"/", read through another client, sorted
-//			},
-//			LossNotice: ttl/3 + 2*time.Second,
+//			Keys:   func(t *testing.T, name string) []string { ... },
+//			Delete: func(t *testing.T, key string) { ... },
+//			TTL:    ttl, Margin: ttl / 5,
+//			LossNotice: 2 * time.Second,
 //		})
 //	}
 //
-// [Run] runs one subtest per property (MutualExclusion, FIFO, TryLock,
-// CancelCleanup, MonotonicTokens, LossNotice, DoubleUnlock, Reentrancy,
-// ContextWhileWaiting, BadInput), each on a fresh lock name of the form
-// "conformance/<subtest>/<random>", so a single property can be run with
-// go test -run 'TestConformance/FIFO'. The subtests are sequential (they
+// [Run] runs one subtest per property, each on a fresh lock name of the form
+// "conformance/<subtest>/<random>", so a single property can be run with go
+// test -run 'TestConformance/FIFO'. The subtests are sequential (they
 // measure waits, so they do not call t.Parallel). Every wait in the suite is
 // bounded: a backend that hangs makes a subtest fail, never the test binary
 // time out.
 //
-// What the suite checks is the contract written on holdfast.Locker and
-// holdfast.Grant: mutual exclusion, fencing tokens that strictly increase,
-// first-come order, TryLock that fails at once with holdfast.ErrLocked,
-// context cancellation that leaves no key behind, a grant context cancelled
-// with a cause wrapping holdfast.ErrLost when the session dies, guarded
-// Unlock (holdfast.ErrNotHeld, and nobody else's key touched), and opt-in
-// reentrancy.
+// The properties, from the contract written on holdfast.Locker and
+// holdfast.Grant:
+//
+//   - MutualExclusion: one holder at a time; tokens strictly increase and a
+//     Fence admits every write.
+//   - FIFO: waiters are granted in arrival order. NoHerd: a release wakes
+//     only the next waiter (the others send almost no request).
+//   - TryLock: fails at once with ErrLocked while the lock is held, and while
+//     a waiter is next in line although nobody holds it (no barging).
+//   - CancelCleanup: a Lock whose context ends returns its error and leaves
+//     no key (once the background cleanup has run).
+//   - MonotonicTokens: non-zero, increasing tokens; the key is under the
+//     name; the context ends with ErrReleased on Unlock.
+//   - LossNotice: a killed session's grant ends (ErrLost) within LossNotice;
+//     its late Unlock fails with ErrNotHeld and touches nobody else.
+//   - ToldBeforeNextGrant: a holder cut off from the store is told at its
+//     own deadline (never more than TTL - Margin ahead), before the waiter
+//     queued behind it is granted.
+//   - DeletedKey: a key deleted by an operator ends the grant; its stale
+//     Unlock touches neither another session's grant nor a newer grant of
+//     its own session.
+//   - SessionClose: Close ends grants with ErrSessionClosed and removes keys.
+//   - DoubleUnlock, Reentrancy, ContextWhileWaiting: guarded and repeated
+//     Unlock, opt-in reentrancy, a waiter whose session dies returns.
+//   - BoundedLock, BoundedUnlock: calls return within milliseconds of their
+//     context (or their session) ending, even with the store frozen; the
+//     release and the cleanup go on in the background.
+//   - NestedNames: a lock whose name has a longer name in use under it fails
+//     with ErrConflict.
+//   - BadInput: a nil context is ErrInvalidArgument.
+//
+// The suite is itself tested against a fake store with 27 deliberate bugs,
+// each of which some property must catch.
 package conformance

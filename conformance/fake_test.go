@@ -2,38 +2,61 @@ package conformance_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
 )
 
 // This file is an in-memory, in-process lock store with etcd's key layout
-// (<name>/<session>), used only to test the suite itself. With no bug set it
-// implements the holdfast contract; each bug below breaks one property the
-// way real lock recipes have broken it.
+// (<name>/<session>) and a model of the network and of session expiry, used
+// only to test the suite itself. With no bug set it implements the holdfast
+// contract; each bug below breaks one property the way real lock recipes
+// have broken it.
 
 // Bugs a fake store can be built with.
 const (
-	bugLIFO              = "lifo"                  // the newest waiter is granted next, not the oldest
-	bugNoExclusion       = "no-exclusion"          // two holders at once
-	bugSessionToken      = "session-token"         // token counts the session's own grants: increases per client only
-	bugTryLockBlocks     = "trylock-blocks"        // TryLock waits like Lock
-	bugLeakyCancel       = "leaky-cancel"          // a waiter whose ctx ends leaves its key behind
-	bugReleaseCause      = "release-cause-missing" // Unlock cancels the grant context without ErrReleased
-	bugNoLossNotice      = "no-loss-notice"        // a grant's context ignores the death of its session
-	bugUnguardedUnlock   = "unguarded-unlock"      // Unlock deletes whoever holds the lock now, and never fails
-	bugReentrantIgnored  = "reentrant-ignored"     // WithReentrant has no effect
-	bugWaiterIgnoresKill = "waiter-ignores-kill"   // a waiter keeps waiting after its session died
-	bugUnlockCancelDrops = "unlock-cancel-drops"   // Unlock with a done ctx forgets the grant but leaves its key
-	bugLeakGoroutine     = "leak-goroutine"        // every grant starts a watcher goroutine that never ends
+	bugLIFO                 = "lifo"                    // the newest waiter is granted next, not the oldest
+	bugNoExclusion          = "no-exclusion"            // two holders at once
+	bugSessionToken         = "session-token"           // token counts the session's own grants: increases per client only
+	bugZeroToken            = "zero-token"              // every token is 0
+	bugKeyOutside           = "key-outside"             // Grant.Key is not under the lock name
+	bugTryLockBlocks        = "trylock-blocks"          // TryLock waits like Lock
+	bugTryLockBarges        = "trylock-barges"          // TryLock takes a lock nobody holds although a waiter is next in line
+	bugLeakyCancel          = "leaky-cancel"            // a waiter whose ctx ends leaves its key behind
+	bugCancelledFreeLock    = "cancelled-free-lock"     // Lock with a done ctx takes a free lock
+	bugReleaseCause         = "release-cause-missing"   // Unlock cancels the grant context without ErrReleased
+	bugNoLossNotice         = "no-loss-notice"          // a grant's context ignores the death of its session
+	bugLossCausePlain       = "loss-cause-plain"        // a lost session's cause does not wrap ErrLost
+	bugLateNotice           = "late-notice"             // a cut-off holder is told 50 ms after the store expired its session
+	bugNoMargin             = "no-margin"               // the safe deadline has no margin: told when the store expires
+	bugUnguardedUnlock      = "unguarded-unlock"        // Unlock deletes whoever holds the lock now, and never fails
+	bugLossCleanupUnguarded = "loss-cleanup-unguarded"  // after a loss, the cleanup deletes whoever holds the lock now
+	bugReentrantIgnored     = "reentrant-ignored"       // WithReentrant has no effect
+	bugWaiterIgnoresKill    = "waiter-ignores-kill"     // a waiter keeps waiting after its session died
+	bugGrantFromDeadSession = "grant-from-dead-session" // a locker whose session is gone still hands out grants
+	bugCloseCause           = "close-cause"             // Close ends grants with ErrSessionLost, not ErrSessionClosed
+	bugLockIgnoresCtx       = "lock-ignores-ctx"        // a Lock waiting for a frozen store ignores its ctx
+	bugUnlockWaitsForStore  = "unlock-waits-for-store"  // Unlock waits for the store, whatever its ctx
+	bugUnlockCancelLeaves   = "unlock-cancel-leaves"    // Unlock with a done ctx ends the grant but never removes its key
+	bugNestedIgnored        = "nested-ignored"          // a lock ignores keys of a longer name under it
+	bugNilContext           = "nil-context"             // a nil context is not reported as ErrInvalidArgument
+	bugHerd                 = "herd"                    // every waiter re-reads the queue on every change
+	bugLeakGoroutine        = "leak-goroutine"          // every grant starts a watcher goroutine that never ends
+)
+
+const (
+	fakeTTL    = time.Second
+	fakeMargin = 200 * time.Millisecond
 )
 
 // fakeStore is the store: keys, a revision counter and change notification.
@@ -52,15 +75,9 @@ type fakeEntry struct {
 	name  string
 	sess  *fakeSession
 	seq   uint64         // revision that created the key
-	token holdfast.Token // non-zero once the key holds the lock
-}
-
-type fakeSession struct {
-	st       *fakeStore
-	id       string
-	ctx      context.Context
-	end      context.CancelCauseFunc
-	acquired uint64 // grants so far (bugSessionToken)
+	held  bool           // the key holds the lock
+	token holdfast.Token // its fencing token, once held
+	lost  func()         // tells the holder its key was deleted
 }
 
 func newFakeStore(bug string) *fakeStore {
@@ -70,13 +87,13 @@ func newFakeStore(bug string) *fakeStore {
 // backend returns the conformance description of the store.
 func (st *fakeStore) backend() conformance.Backend {
 	return conformance.Backend{
-		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, func()) {
+		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			t.Helper()
 			if err := holdfast.ValidateName(name); err != nil {
 				t.Fatalf("fake: %v", err)
 			}
 			s := st.newSession()
-			t.Cleanup(func() { st.endSession(s, holdfast.ErrSessionClosed) })
+			t.Cleanup(s.close)
 			l := &fakeLocker{
 				st:        st,
 				sess:      s,
@@ -85,8 +102,21 @@ func (st *fakeStore) backend() conformance.Backend {
 				reentrant: options.ApplyLock(opts).Reentrant && st.bug != bugReentrantIgnored,
 				slot:      make(chan struct{}, 1),
 			}
-			kill := func() { st.endSession(s, fmt.Errorf("%w: session %s killed", holdfast.ErrSessionLost, s.id)) }
-			return l, kill
+			return l, conformance.Faults{
+				Kill: func() {
+					cause := fmt.Errorf("%w: session %s killed", holdfast.ErrSessionLost, s.id)
+					if st.bug == bugLossCausePlain {
+						cause = fmt.Errorf("session %s killed", s.id)
+					}
+					s.keeper.End(cause)
+					st.endSession(s)
+				},
+				Cut:      func() { s.setNet(netDown) },
+				Freeze:   func() { s.setNet(netDown) },
+				Mend:     func() { s.setNet(netUp) },
+				Close:    s.close,
+				Requests: s.requests.Load,
+			}
 		},
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
@@ -100,36 +130,55 @@ func (st *fakeStore) backend() conformance.Backend {
 			slices.Sort(ks)
 			return ks
 		},
+		Delete: func(t *testing.T, key string) {
+			st.mu.Lock()
+			e := st.keys[key]
+			st.mu.Unlock()
+			if e != nil {
+				st.delete(key, e)
+			}
+		},
+		TTL:        fakeTTL,
+		Margin:     fakeMargin,
 		LossNotice: lossNotice,
 		OpTimeout:  opTimeout,
 	}
 }
 
-func (st *fakeStore) newSession() *fakeSession {
+// delete removes key if it is still e (a guarded delete), and tells its
+// holder.
+func (st *fakeStore) delete(key string, e *fakeEntry) bool {
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.nsess++
-	s := &fakeSession{st: st, id: fmt.Sprintf("%x", 0x1000+st.nsess)}
-	s.ctx, s.end = context.WithCancelCause(context.Background())
-	return s
+	ok := st.keys[key] == e
+	if ok {
+		delete(st.keys, key)
+		st.notifyLocked()
+	}
+	st.mu.Unlock()
+	if ok && e.lost != nil {
+		e.lost()
+	}
+	return ok
 }
 
-// endSession ends s with cause: its grants' contexts first, then its keys.
-func (st *fakeStore) endSession(s *fakeSession, cause error) {
-	s.end(cause)
+// deleteHolders removes the keys that hold name now, whoever they are.
+func (st *fakeStore) deleteHolders(name string) {
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	names := map[string]bool{}
+	var hs []string
 	for k, e := range st.keys {
-		if e.sess == s {
-			delete(st.keys, k)
-			names[e.name] = true
+		if e.name == name && e.held {
+			hs = append(hs, k)
 		}
 	}
-	for name := range names {
-		st.promoteLocked(name)
+	st.mu.Unlock()
+	for _, k := range hs {
+		st.mu.Lock()
+		e := st.keys[k]
+		st.mu.Unlock()
+		if e != nil {
+			st.delete(k, e)
+		}
 	}
-	st.notifyLocked()
 }
 
 func (st *fakeStore) notifyLocked() {
@@ -137,48 +186,250 @@ func (st *fakeStore) notifyLocked() {
 	st.changed = make(chan struct{})
 }
 
-// promoteLocked gives the lock to waiters while there is room.
-func (st *fakeStore) promoteLocked(name string) {
-	limit := 1
-	if st.bug == bugNoExclusion {
-		limit = 2
+// endSession is the store's end of s: its keys go.
+func (st *fakeStore) endSession(s *fakeSession) {
+	st.mu.Lock()
+	s.dead = true
+	if s.expiry != nil {
+		s.expiry.Stop()
 	}
-	held := 0
-	var waiting []*fakeEntry
+	var mine []string
+	for k, e := range st.keys {
+		if e.sess == s {
+			mine = append(mine, k)
+		}
+	}
+	for _, k := range mine {
+		delete(st.keys, k)
+	}
+	st.notifyLocked()
+	st.mu.Unlock()
+}
+
+// queueLocked returns the entries of name: holders, and waiters in order.
+func (st *fakeStore) queueLocked(name string) (holders int, waiting []*fakeEntry) {
 	for _, e := range st.keys {
 		switch {
 		case e.name != name:
-		case e.token != 0:
-			held++
+		case e.held:
+			holders++
 		default:
 			waiting = append(waiting, e)
 		}
 	}
-	sort.Slice(waiting, func(i, j int) bool { return waiting[i].seq < waiting[j].seq })
+	slices.SortFunc(waiting, func(a, b *fakeEntry) int { return int(a.seq) - int(b.seq) })
 	if st.bug == bugLIFO {
 		slices.Reverse(waiting)
 	}
-	for ; held < limit && len(waiting) > 0; held++ {
-		e := waiting[0]
-		waiting = waiting[1:]
-		st.rev++
-		e.token = holdfast.Token(st.rev)
-		if st.bug == bugSessionToken {
-			e.sess.acquired++
-			e.token = holdfast.Token(e.sess.acquired)
+	return holders, waiting
+}
+
+// takeLocked gives e the lock if it is its turn.
+func (st *fakeStore) takeLocked(e *fakeEntry) bool {
+	limit := 1
+	if st.bug == bugNoExclusion {
+		limit = 2
+	}
+	holders, waiting := st.queueLocked(e.name)
+	if holders >= limit || !slices.Contains(waiting[:min(len(waiting), limit-holders)], e) {
+		return false
+	}
+	st.rev++
+	e.held, e.token = true, holdfast.Token(st.rev)
+	switch st.bug {
+	case bugSessionToken:
+		e.sess.acquired++
+		e.token = holdfast.Token(e.sess.acquired)
+	case bugZeroToken:
+		e.token = 0
+	}
+	return true
+}
+
+// predecessorLocked is the waiter just ahead of e, or a holder.
+func (st *fakeStore) predecessorLocked(e *fakeEntry) *fakeEntry {
+	var p *fakeEntry
+	for _, o := range st.keys {
+		if o.name == e.name && o.seq < e.seq && (p == nil || o.seq > p.seq) {
+			p = o
+		}
+	}
+	return p
+}
+
+// fakeSession is one client's session: its keeper (the client's view), the
+// store's expiry, and the network between them.
+type fakeSession struct {
+	st        *fakeStore
+	id        string
+	keeper    *core.Keeper
+	ctx       context.Context
+	requests  atomic.Int64
+	lastRenew atomic.Int64 // UnixNano of the last renewal
+	acquired  uint64       // grants so far (bugSessionToken)
+
+	netMu sync.Mutex
+	up    bool
+	netCh chan struct{} // closed and replaced when the network changes
+
+	// the store's side, under st.mu
+	dead   bool
+	expiry *time.Timer
+
+	stop      context.CancelFunc
+	renewDone chan struct{}
+	closeOnce sync.Once
+	bg        *core.Background // background releases
+}
+
+const (
+	netUp   = true
+	netDown = false
+)
+
+func (st *fakeStore) newSession() *fakeSession {
+	st.mu.Lock()
+	st.nsess++
+	s := &fakeSession{st: st, id: fmt.Sprintf("%x", 0x1000+st.nsess), up: true, netCh: make(chan struct{}), renewDone: make(chan struct{})}
+	st.mu.Unlock()
+	margin := fakeMargin
+	ttl := fakeTTL
+	switch st.bug {
+	case bugNoMargin:
+		margin = 0
+	case bugLateNotice:
+		ttl = time.Hour // the client never counts: the store tells it, late
+	}
+	s.bg = core.NewBackground(context.Background())
+	s.lastRenew.Store(time.Now().UnixNano())
+	s.keeper = core.NewKeeper(time.Now(), ttl, margin)
+	s.ctx = s.keeper.Context()
+	if st.bug == bugNoLossNotice {
+		s.ctx = context.Background()
+	}
+	st.mu.Lock()
+	s.expiry = time.AfterFunc(fakeTTL, s.expire)
+	st.mu.Unlock()
+	rctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	go s.renew(rctx, ttl, margin)
+	return s
+}
+
+// renew renews the session every TTL/3 while the network is up.
+func (s *fakeSession) renew(ctx context.Context, ttl, margin time.Duration) {
+	defer close(s.renewDone)
+	t := time.NewTicker(fakeTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.keeper.Context().Done():
+			return
+		case <-t.C:
+		}
+		if !s.isUp() {
+			continue
+		}
+		now := time.Now()
+		s.st.mu.Lock()
+		alive := !s.dead
+		if alive {
+			s.expiry.Reset(fakeTTL)
+		}
+		s.st.mu.Unlock()
+		if alive {
+			s.lastRenew.Store(now.UnixNano())
+			s.keeper.Renewed(now, ttl, margin)
 		}
 	}
 }
 
-// deleteLocked removes key if it is still e (a guarded delete).
-func (st *fakeStore) deleteLocked(key string, e *fakeEntry) bool {
-	if st.keys[key] != e {
-		return false
+// deadline is the safe deadline the session reports: the keeper's, or for
+// bugLateNotice (whose keeper never counts) what it would have been.
+func (s *fakeSession) deadline() time.Time {
+	if s.st.bug == bugLateNotice {
+		return time.Unix(0, s.lastRenew.Load()).Add(fakeTTL - fakeMargin)
 	}
-	delete(st.keys, key)
-	st.promoteLocked(e.name)
-	st.notifyLocked()
-	return true
+	return s.keeper.Deadline()
+}
+
+// expire is the store expiring the session: no renewal for a TTL.
+func (s *fakeSession) expire() {
+	s.st.endSession(s)
+	cause := fmt.Errorf("%w: session %s expired", holdfast.ErrSessionLost, s.id)
+	if s.st.bug == bugLateNotice {
+		time.AfterFunc(50*time.Millisecond, func() { s.keeper.End(cause) })
+		return
+	}
+	s.keeper.End(cause)
+}
+
+func (s *fakeSession) close() {
+	s.closeOnce.Do(func() {
+		cause := fmt.Errorf("%w: %w", holdfast.ErrLost, holdfast.ErrSessionClosed)
+		if s.st.bug == bugCloseCause {
+			cause = holdfast.ErrSessionLost
+		}
+		s.keeper.End(cause)
+		s.stop()
+		<-s.renewDone
+		s.setNet(netUp)
+		s.bg.Wait()
+		s.st.endSession(s)
+	})
+}
+
+func (s *fakeSession) isUp() bool {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	return s.up
+}
+
+func (s *fakeSession) setNet(up bool) {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	s.up = up
+	close(s.netCh)
+	s.netCh = make(chan struct{})
+}
+
+// call is one request to the store: it waits for the network, ctx (unless
+// ignoreCtx) or the session's end.
+func (s *fakeSession) call(ctx context.Context, ignoreCtx bool) error {
+	s.requests.Add(1)
+	return s.waitNet(ctx, ignoreCtx)
+}
+
+func (s *fakeSession) waitNet(ctx context.Context, ignoreCtx bool) error {
+	done := ctx.Done()
+	if ignoreCtx {
+		done = nil
+	}
+	for {
+		s.netMu.Lock()
+		up, ch := s.up, s.netCh
+		s.netMu.Unlock()
+		if up {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-done:
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return context.Cause(s.ctx)
+		}
+	}
+}
+
+// background runs f while the session lives, so that close waits for it
+// (after close, f runs at once: the store has let go of everything).
+func (s *fakeSession) background(f func()) {
+	if !s.bg.Go(func(context.Context) { f() }) {
+		f()
+	}
 }
 
 // fakeLocker is one name on one session.
@@ -187,7 +438,7 @@ type fakeLocker struct {
 	sess      *fakeSession
 	name, key string
 	reentrant bool
-	slot      chan struct{} // one acquisition of the name per session at a time
+	slot      chan struct{} // one grant or acquisition of the name per session at a time
 
 	mu  sync.Mutex
 	cur *fakeGrant
@@ -202,11 +453,18 @@ func (l *fakeLocker) TryLock(ctx context.Context) (holdfast.Grant, error) {
 }
 
 func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, error) {
-	if err := ctx.Err(); err != nil {
+	st, s := l.st, l.sess
+	if ctx == nil {
+		if st.bug == bugNilContext {
+			return nil, errors.New("fake: nil context")
+		}
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil && st.bug != bugCancelledFreeLock {
 		return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
 	}
-	if err := l.sess.ctx.Err(); err != nil {
-		return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(l.sess.ctx))
+	if err := s.ctx.Err(); err != nil && st.bug != bugGrantFromDeadSession {
+		return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(s.ctx))
 	}
 	if l.reentrant {
 		l.mu.Lock()
@@ -225,15 +483,18 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 	} else {
 		select {
 		case l.slot <- struct{}{}:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("fake: lock %s: %w", l.name, ctx.Err())
-		case <-l.sess.ctx.Done():
-			return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(l.sess.ctx))
+		default:
+			select {
+			case l.slot <- struct{}{}:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("fake: lock %s: %w", l.name, ctx.Err())
+			case <-s.ctx.Done():
+				return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(s.ctx))
+			}
 		}
 	}
 	g, err := l.acquireStore(ctx, try)
 	if err != nil {
-		<-l.slot
 		return nil, err
 	}
 	l.mu.Lock()
@@ -242,54 +503,89 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 	return g, nil
 }
 
+// acquireStore runs with the slot taken; it frees it on failure (after
+// the cleanup, in the background if the store does not answer).
 func (l *fakeLocker) acquireStore(ctx context.Context, try bool) (*fakeGrant, error) {
-	st := l.st
-	sessDone := l.sess.ctx.Done()
-	if st.bug == bugWaiterIgnoresKill {
-		sessDone = nil
+	st, s := l.st, l.sess
+	fail := func(err error) (*fakeGrant, error) {
+		<-l.slot
+		return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
+	}
+	if err := s.call(ctx, st.bug == bugLockIgnoresCtx); err != nil {
+		return fail(err)
 	}
 	st.mu.Lock()
-	if err := l.sess.ctx.Err(); err != nil {
-		st.mu.Unlock()
-		return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(l.sess.ctx))
+	if st.bug != bugNestedIgnored {
+		for k, e := range st.keys {
+			if e.name != l.name && strings.HasPrefix(k, l.name+"/") {
+				st.mu.Unlock()
+				return fail(fmt.Errorf("%w: %s is under %s", holdfast.ErrConflict, k, l.name))
+			}
+		}
 	}
 	if try {
-		for _, e := range st.keys {
-			if e.name == l.name {
-				st.mu.Unlock()
-				return nil, fmt.Errorf("fake: lock %s: %w", l.name, holdfast.ErrLocked)
-			}
+		holders, waiting := st.queueLocked(l.name)
+		if holders > 0 || (len(waiting) > 0 && st.bug != bugTryLockBarges) {
+			st.mu.Unlock()
+			return fail(holdfast.ErrLocked)
 		}
 	}
 	st.rev++
-	e := &fakeEntry{name: l.name, sess: l.sess, seq: st.rev}
+	e := &fakeEntry{name: l.name, sess: s, seq: st.rev}
 	st.keys[l.key] = e
-	st.promoteLocked(l.name)
 	st.notifyLocked()
+	sessDone := s.ctx.Done()
+	if st.bug == bugWaiterIgnoresKill {
+		sessDone = nil
+	}
 	for {
-		if e.token != 0 {
+		if st.keys[l.key] != e && st.bug != bugWaiterIgnoresKill {
 			st.mu.Unlock()
-			return l.newGrant(e), nil
+			return fail(fmt.Errorf("%w: our key was deleted while waiting", holdfast.ErrSessionLost))
 		}
+		if st.takeLocked(e) {
+			g := l.newGrant(e)
+			st.mu.Unlock()
+			return g, nil
+		}
+		pred := st.predecessorLocked(e)
 		changed := st.changed
 		st.mu.Unlock()
+		var err error
 		select {
 		case <-changed:
+			// A frozen waiter cannot see the change until the network is
+			// back.
+			err = s.waitNet(ctx, st.bug == bugLockIgnoresCtx)
 		case <-ctx.Done():
-			if st.bug != bugLeakyCancel {
-				st.mu.Lock()
-				st.deleteLocked(l.key, e)
-				st.mu.Unlock()
-			}
-			return nil, fmt.Errorf("fake: lock %s: %w", l.name, ctx.Err())
+			err = ctx.Err()
 		case <-sessDone:
-			st.mu.Lock()
-			st.deleteLocked(l.key, e)
-			st.mu.Unlock()
-			return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(l.sess.ctx))
+			err = context.Cause(s.ctx)
+		}
+		if err != nil {
+			l.cleanup(e)
+			return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
 		}
 		st.mu.Lock()
+		if st.bug == bugHerd || st.predecessorLocked(e) != pred {
+			s.requests.Add(1) // a re-read of the queue
+		}
 	}
+}
+
+// cleanup removes a failed waiter's key, in the background once the store
+// answers, and frees the slot after that.
+func (l *fakeLocker) cleanup(e *fakeEntry) {
+	if l.st.bug == bugLeakyCancel {
+		<-l.slot
+		return
+	}
+	l.sess.background(func() {
+		defer func() { <-l.slot }()
+		if l.sess.waitNet(context.Background(), false) == nil {
+			l.st.delete(l.key, e)
+		}
+	})
 }
 
 // fakeGrant is a held lock.
@@ -299,20 +595,23 @@ type fakeGrant struct {
 	token  holdfast.Token
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	once   sync.Once
 
-	mu    sync.Mutex
-	count int
+	mu       sync.Mutex
+	count    int
+	ending   bool
+	finished chan struct{}
+	result   error
 }
 
+// newGrant runs under st.mu.
 func (l *fakeLocker) newGrant(e *fakeEntry) *fakeGrant {
-	parent := l.sess.ctx
-	if l.st.bug == bugNoLossNotice {
-		parent = context.Background()
+	g := &fakeGrant{l: l, e: e, token: e.token, count: 1, finished: make(chan struct{})}
+	g.ctx, g.cancel = context.WithCancelCause(l.sess.ctx)
+	// A deleted key is noticed 100 ms later, as at a periodic check.
+	e.lost = func() {
+		time.AfterFunc(100*time.Millisecond, func() { g.lose(fmt.Errorf("%w: %s deleted", holdfast.ErrLost, l.key)) })
 	}
-	g := &fakeGrant{l: l, e: e, token: e.token, count: 1}
-	g.ctx, g.cancel = context.WithCancelCause(parent)
-	context.AfterFunc(g.ctx, g.end)
+	context.AfterFunc(g.ctx, g.lost)
 	if l.st.bug == bugLeakGoroutine {
 		go g.watch(make(chan struct{}))
 	}
@@ -322,15 +621,48 @@ func (l *fakeLocker) newGrant(e *fakeEntry) *fakeGrant {
 // watch stands for a watcher goroutine that its grant forgets to stop.
 func (g *fakeGrant) watch(stop chan struct{}) { <-stop }
 
-// end frees the locker's slot once the grant is released or lost.
-func (g *fakeGrant) end() {
-	g.once.Do(func() {
+func (g *fakeGrant) lose(cause error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count > 0 {
+		g.cancel(cause)
+	}
+}
+
+// lost ends the grant after its context ended, unless Unlock did: one
+// cleanup attempt, then the slot is freed.
+func (g *fakeGrant) lost() {
+	g.mu.Lock()
+	if g.ending {
+		g.mu.Unlock()
+		return
+	}
+	g.ending = true
+	g.count = 0
+	g.mu.Unlock()
+	g.end(func() {
+		if g.l.sess.isUp() {
+			if g.l.st.bug == bugLossCleanupUnguarded {
+				g.l.st.deleteHolders(g.l.name)
+			} else {
+				g.l.st.delete(g.l.key, g.e)
+			}
+		}
+	})
+}
+
+// end runs release in the background, then frees the slot. The caller has
+// set g.ending.
+func (g *fakeGrant) end(release func()) {
+	g.l.sess.background(func() {
+		release()
 		g.l.mu.Lock()
 		if g.l.cur == g {
 			g.l.cur = nil
 		}
 		g.l.mu.Unlock()
 		<-g.l.slot
+		close(g.finished)
 	})
 }
 
@@ -344,65 +676,75 @@ func (g *fakeGrant) reenter() bool {
 	return true
 }
 
-func (g *fakeGrant) Key() string              { return g.l.key }
+func (g *fakeGrant) Key() string {
+	if g.l.st.bug == bugKeyOutside {
+		return "elsewhere/" + g.l.key
+	}
+	return g.l.key
+}
 func (g *fakeGrant) Token() holdfast.Token    { return g.token }
 func (g *fakeGrant) Context() context.Context { return g.ctx }
-func (g *fakeGrant) Deadline() time.Time      { return time.Now().Add(time.Hour) }
+func (g *fakeGrant) Deadline() time.Time      { return g.l.sess.deadline() }
 
 func (g *fakeGrant) Unlock(ctx context.Context) error {
+	st := g.l.st
 	if ctx == nil {
+		if st.bug == bugNilContext {
+			return errors.New("fake: nil context")
+		}
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	st := g.l.st
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if st.bug == bugUnguardedUnlock {
-		st.mu.Lock()
-		var holders []string
-		for k, e := range st.keys {
-			if e.name == g.l.name && e.token != 0 {
-				holders = append(holders, k)
-			}
-		}
-		for _, k := range holders {
-			st.deleteLocked(k, st.keys[k])
-		}
-		st.mu.Unlock()
-		g.count = 0
+		held := g.count > 0 && !g.ending
+		g.count, g.ending = 0, true
 		g.cancel(holdfast.ErrReleased)
-		g.end()
+		g.mu.Unlock()
+		st.deleteHolders(g.l.name)
+		if held {
+			g.end(func() {})
+		}
 		return nil
 	}
 	switch {
-	case g.count == 0:
+	case g.count == 0 || g.ctx.Err() != nil:
+		g.mu.Unlock()
+		if cause := context.Cause(g.ctx); cause != nil && !errors.Is(cause, holdfast.ErrReleased) {
+			return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.l.key, cause)
+		}
 		return fmt.Errorf("%w: %s already released", holdfast.ErrNotHeld, g.l.key)
 	case g.count > 1:
 		g.count--
+		g.mu.Unlock()
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		if st.bug == bugUnlockCancelDrops {
-			g.count = 0
-			g.end()
-		}
-		return fmt.Errorf("fake: unlock %s: %w", g.l.key, err)
-	}
-	lost := g.ctx.Err() != nil
-	st.mu.Lock()
-	ok := st.deleteLocked(g.l.key, g.e)
-	st.mu.Unlock()
-	g.count = 0
-	defer g.end()
-	switch {
-	case lost:
-		return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.l.key, context.Cause(g.ctx))
-	case !ok:
-		g.cancel(fmt.Errorf("%w: %s removed from outside", holdfast.ErrLost, g.l.key))
-		return fmt.Errorf("%w: %s", holdfast.ErrNotHeld, g.l.key)
-	case st.bug == bugReleaseCause:
+	g.count, g.ending = 0, true
+	if st.bug == bugReleaseCause {
 		g.cancel(nil)
-	default:
+	} else {
 		g.cancel(holdfast.ErrReleased)
 	}
-	return nil
+	g.mu.Unlock()
+	if st.bug == bugUnlockCancelLeaves && ctx.Err() != nil {
+		g.end(func() {})
+		return ctx.Err()
+	}
+	g.end(func() {
+		if g.l.sess.waitNet(context.Background(), false) != nil {
+			return // the session ended: its keys went with it
+		}
+		if !st.delete(g.l.key, g.e) {
+			g.result = fmt.Errorf("%w: %s removed from outside", holdfast.ErrNotHeld, g.l.key)
+		}
+	})
+	if st.bug == bugUnlockWaitsForStore {
+		<-g.finished
+		return g.result
+	}
+	select {
+	case <-g.finished:
+		return g.result
+	case <-ctx.Done():
+		return fmt.Errorf("fake: unlock %s: %w", g.l.key, ctx.Err())
+	}
 }

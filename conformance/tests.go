@@ -192,7 +192,27 @@ func testTryLock(s *suite) {
 	}
 	s.unlock(g1, "L1")
 	g2 := s.tryLock(l2, "L2 after L1's release")
+
+	// No barging: W queues behind L2, its traffic frozen so that it cannot
+	// take its turn yet; after L2's release, W is next in line, and TryLock
+	// by anyone else fails until W is done.
+	w, fw := s.lockerFaults()
+	ctx, cancel = s.ctx(s.op)
+	defer cancel()
+	n := len(s.keys())
+	wres := start(ctx, w, false)
+	if ks, ok := s.waitKeys(keyWait, grows(n)); !ok {
+		s.t.Fatalf("W's queue key did not appear within %v: keys %q", keyWait, ks)
+	}
+	fw.Freeze()
 	s.unlock(g2, "L2")
+	s.expectLocked(l1, "L1 while W, frozen, is next in line")
+	fw.Mend()
+	r = s.await(wres, s.op+slack, "W: Lock after L2's release")
+	if r.err != nil {
+		s.t.Fatalf("W: Lock after L2's release: %v", r.err)
+	}
+	s.unlock(r.g, "W")
 	if ks, ok := s.waitKeys(settle, empty); !ok {
 		s.t.Errorf("keys left after every grant was released: %q", ks)
 	}
@@ -201,8 +221,9 @@ func testTryLock(s *suite) {
 // testCancelCleanup: while A holds, a waiter cancelled after ~200 ms gets
 // context.Canceled, a waiter with a 300 ms deadline gets
 // context.DeadlineExceeded, a Lock whose context is already cancelled fails;
-// none of them leaves a key. After A's release no key is left at all, and a
-// Lock with an already-cancelled context on the free lock fails too.
+// none of them leaves a key (what they wrote is removed within settle).
+// After A's release no key is left at all, and a Lock with an
+// already-cancelled context on the free lock fails too.
 func testCancelCleanup(s *suite) {
 	a, b, c, d := s.locker(), s.locker(), s.locker(), s.locker()
 	ga := s.lock(a, "A")
@@ -228,8 +249,8 @@ func testCancelCleanup(s *suite) {
 	case !errors.Is(r.err, context.Canceled):
 		s.t.Errorf("B: Lock with a cancelled context: %v, want an error matching context.Canceled", r.err)
 	}
-	if ks := s.keys(); !slices.Equal(ks, onlyA) {
-		s.t.Errorf("keys after B's cancelled Lock returned: %q, want A's only: %q (left behind: %q)", ks, onlyA, without(ks, onlyA))
+	if ks, ok := s.waitKeys(settle, equals(onlyA)); !ok {
+		s.t.Errorf("keys %v after B's cancelled Lock returned: %q, want A's only: %q (left behind: %q)", settle, ks, onlyA, without(ks, onlyA))
 	}
 
 	// C: deadline while queued.
@@ -242,8 +263,8 @@ func testCancelCleanup(s *suite) {
 	case !errors.Is(r.err, context.DeadlineExceeded):
 		s.t.Errorf("C: Lock past its deadline: %v, want an error matching context.DeadlineExceeded", r.err)
 	}
-	if ks := s.keys(); !slices.Equal(ks, onlyA) {
-		s.t.Errorf("keys after C's Lock hit its deadline: %q, want A's only: %q (left behind: %q)", ks, onlyA, without(ks, onlyA))
+	if ks, ok := s.waitKeys(settle, equals(onlyA)); !ok {
+		s.t.Errorf("keys %v after C's Lock hit its deadline: %q, want A's only: %q (left behind: %q)", settle, ks, onlyA, without(ks, onlyA))
 	}
 
 	// D: context cancelled before the call, lock held.
@@ -268,17 +289,18 @@ func testCancelCleanup(s *suite) {
 		s.t.Fatalf("keys left %v after A, the only holder, unlocked: %q", settle, ks)
 	}
 
-	// D again: context cancelled before the call, lock free.
-	r = s.await(start(dctx, d, false), slack, "D: Lock on a free lock with an already-cancelled context")
+	// E: context cancelled before the call, lock free.
+	e := s.locker()
+	r = s.await(start(dctx, e, false), slack, "E: Lock on a free lock with an already-cancelled context")
 	switch {
 	case r.err == nil:
-		s.t.Errorf("D: Lock with an already-cancelled context succeeded: %s", describe(r.g))
-		s.unlock(r.g, "D")
+		s.t.Errorf("E: Lock with an already-cancelled context succeeded: %s", describe(r.g))
+		s.unlock(r.g, "E")
 	case !errors.Is(r.err, context.Canceled):
-		s.t.Errorf("D: Lock on a free lock with an already-cancelled context: %v, want an error matching context.Canceled", r.err)
+		s.t.Errorf("E: Lock on a free lock with an already-cancelled context: %v, want an error matching context.Canceled", r.err)
 	}
 	if ks, ok := s.waitKeys(settle, empty); !ok {
-		s.t.Errorf("keys after D's Lock with a cancelled context on a free lock: %q, want none", ks)
+		s.t.Errorf("keys after E's Lock with a cancelled context on a free lock: %q, want none", ks)
 	}
 }
 
@@ -331,7 +353,8 @@ func testMonotonicTokens(s *suite) {
 // the lock with a higher token; A's late Unlock fails with ErrNotHeld and
 // touches nothing of B's.
 func testLossNotice(s *suite) {
-	a, killA := s.lockerKill()
+	a, fa := s.lockerFaults()
+	killA := fa.Kill
 	b, c := s.locker(), s.locker()
 	ga := s.lock(a, "A")
 	actx := ga.Context()
@@ -474,7 +497,8 @@ func testReentrancy(s *suite) {
 // Locker hands out no more grants; the holder is not affected.
 func testContextWhileWaiting(s *suite) {
 	a := s.locker()
-	w, killW := s.lockerKill()
+	w, fw := s.lockerFaults()
+	killW := fw.Kill
 	ga := s.lock(a, "A")
 	onlyA := s.keys()
 
@@ -519,30 +543,135 @@ func testContextWhileWaiting(s *suite) {
 	}
 }
 
-// testBadInput: Unlock with an already-cancelled context fails, and leaves
-// the grant held, so that a later Unlock with a good context releases it.
+// testBadInput: a nil context is bad input: Lock, TryLock and Unlock
+// return an error wrapping holdfast.ErrInvalidArgument, write nothing, and
+// change nothing (the grant stays held).
 func testBadInput(s *suite) {
 	a, o := s.locker(), s.locker()
-	ga := s.lock(a, "A")
-	ctx, cancel := context.WithCancel(s.root)
-	cancel()
-	if err := s.unlockWith(ctx, ga); err == nil {
-		s.t.Errorf("A: Unlock with an already-cancelled context returned nil, want an error (the release cannot be confirmed)")
-	} else {
-		s.t.Logf("A: Unlock with a cancelled context: %v", err)
-		if isDone(ga.Context()) {
-			s.t.Errorf("A: grant context done after a failed Unlock: %v", context.Cause(ga.Context()))
+	//lint:ignore SA1012 a nil context is the bad input under test
+	for _, try := range []bool{false, true} {
+		r := s.await(start(nil, a, try), slack, "A: Lock or TryLock with a nil context") //nolint:staticcheck
+		switch {
+		case r.err == nil:
+			s.t.Errorf("A: try=%v with a nil context succeeded: %s", try, describe(r.g))
+		case !errors.Is(r.err, holdfast.ErrInvalidArgument):
+			s.t.Errorf("A: try=%v with a nil context: %v, want an error matching holdfast.ErrInvalidArgument", try, r.err)
 		}
-		s.expectLocked(o, "O after A's failed Unlock")
 	}
-	if err := s.unlockErr(ga); err != nil {
-		s.t.Errorf("A: Unlock with a good context after a failed one: %v, want nil", err)
+	if ks := s.keys(); len(ks) != 0 {
+		s.t.Errorf("keys after calls with a nil context: %q, want none", ks)
 	}
+	ga := s.lock(a, "A")
+	if err := s.unlockWith(nil, ga); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+		s.t.Errorf("A: Unlock(nil): %v, want an error matching holdfast.ErrInvalidArgument", err)
+	}
+	if isDone(ga.Context()) {
+		s.t.Errorf("A: grant context done after Unlock(nil): %v", context.Cause(ga.Context()))
+	}
+	s.expectLocked(o, "O after A's Unlock(nil)")
+	s.unlock(ga, "A")
 	if ks, ok := s.waitKeys(settle, empty); !ok {
 		s.t.Errorf("keys left after A unlocked: %q", ks)
 	}
-	g := s.tryLock(o, "O after A's release")
-	s.unlock(g, "O")
+}
+
+// testNestedNames: names are paths, and a lock must not be used while a
+// longer name under it is in use. Locking the shorter name then fails with
+// holdfast.ErrConflict (not ErrLocked: waiting would never help), promptly,
+// writing nothing; the longer name's holder is not affected. A longer name
+// under a held shorter one can be locked.
+func testNestedNames(s *suite) {
+	sub, _ := s.lockerOn(s.name + "/sub")
+	x, o := s.locker(), s.locker()
+	gsub := s.lock(sub, "SUB on "+s.name+"/sub")
+	before := s.keys()
+	for _, try := range []bool{true, false} {
+		ctx, cancel := s.ctx(s.op)
+		r := s.await(start(ctx, x, try), s.op+slack, "X: lock of the shorter name")
+		cancel()
+		switch {
+		case r.err == nil:
+			s.t.Errorf("X: try=%v on %q while %q is held succeeded: %s", try, s.name, s.name+"/sub", describe(r.g))
+			s.unlock(r.g, "X")
+		case !errors.Is(r.err, holdfast.ErrConflict):
+			s.t.Errorf("X: try=%v on %q while %q is held: %v, want an error matching holdfast.ErrConflict", try, s.name, s.name+"/sub", r.err)
+		case r.took > slack:
+			s.t.Errorf("X: try=%v took %v to report the conflict, want it at once", try, r.took)
+		}
+	}
+	if ks, ok := s.waitKeys(settle, equals(before)); !ok {
+		s.t.Errorf("keys after the conflicting locks: %q, want them unchanged: %q", ks, before)
+	}
+	if isDone(gsub.Context()) {
+		s.t.Errorf("SUB: grant context done after the conflicting locks: %v", context.Cause(gsub.Context()))
+	}
+	s.unlock(gsub, "SUB")
+	if ks, ok := s.waitKeys(settle, empty); !ok {
+		s.t.Fatalf("keys left after SUB unlocked: %q", ks)
+	}
+	// The other way round: the longer name can be locked under a held one.
+	gx := s.lock(x, "X on the shorter name, now free")
+	s.expectLocked(o, "O while X holds")
+	gsub = s.tryLock(sub, "SUB under a held X")
+	s.unlock(gsub, "SUB")
+	s.unlock(gx, "X")
+	if ks, ok := s.waitKeys(settle, empty); !ok {
+		s.t.Errorf("keys left after X and SUB unlocked: %q", ks)
+	}
+}
+
+// testNoHerd: six waiters queue behind A, W1 first. A release wakes only the
+// next waiter: while the lock passes from A to W1, the five waiters behind
+// W1 send (almost) no request to the store. (A herd, where every waiter
+// re-reads the queue on every release, costs five at least.)
+func testNoHerd(s *suite) {
+	const n = 6
+	ga := s.lock(s.locker(), "A")
+	prev := len(s.keys())
+	ctx, cancel := s.ctx(2 * s.op)
+	defer cancel()
+	ws := make([]Faults, n)
+	res := make([]<-chan result, n)
+	for i := range n {
+		var l holdfast.Locker
+		l, ws[i] = s.lockerFaults()
+		res[i] = start(ctx, l, false)
+		ks, ok := s.waitKeys(keyWait, grows(prev))
+		if !ok {
+			s.t.Fatalf("W%d's queue key did not appear within %v: keys %q", i+1, keyWait, ks)
+		}
+		prev = len(ks)
+	}
+	time.Sleep(200 * time.Millisecond) // let every waiter settle into its wait
+	var before [n]int64
+	for i, f := range ws {
+		before[i] = f.Requests()
+	}
+	s.unlock(ga, "A")
+	r := s.await(res[0], s.op+slack, "W1: Lock after A's release")
+	if r.err != nil {
+		s.t.Fatalf("W1: Lock: %v", r.err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	var woken int64
+	for i := 1; i < n; i++ {
+		woken += ws[i].Requests() - before[i]
+	}
+	if woken > 2 {
+		s.t.Errorf("the waiters behind W1 sent %d requests while the lock passed from A to W1, want at most 2: a release must wake only the next waiter", woken)
+	}
+	s.t.Logf("requests by the waiters behind W1 during the handoff A -> W1: %d", woken)
+	s.unlock(r.g, "W1")
+	for i := 1; i < n; i++ {
+		r := s.await(res[i], s.op+slack, "W: Lock")
+		if r.err != nil {
+			s.t.Fatalf("W%d: Lock: %v", i+1, r.err)
+		}
+		s.unlock(r.g, "W")
+	}
+	if ks, ok := s.waitKeys(settle, empty); !ok {
+		s.t.Errorf("keys left after every waiter unlocked: %q", ks)
+	}
 }
 
 // expectLocked checks that TryLock through l fails with ErrLocked.

@@ -568,3 +568,25 @@ func TestEtcdBindRace(t *testing.T) {
 		t.Fatalf("isAddrInUse(%v) = false", err)
 	}
 }
+
+// TestPortsBelowEphemeralRange: ports handed out are never in the range the
+// kernel uses for outgoing connections, so a stopped member's port cannot be
+// taken by a client connection before it restarts.
+func TestPortsBelowEphemeralRange(t *testing.T) {
+	lo := ephemeralLow()
+	ps, err := freePorts(50, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releasePorts(ps)
+	seen := map[int]bool{}
+	for _, p := range ps {
+		if p < portRangeLow || p >= lo {
+			t.Errorf("port %d outside [%d, %d)", p, portRangeLow, lo)
+		}
+		if seen[p] {
+			t.Errorf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}

@@ -3,7 +3,10 @@ package embedtest
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,15 +39,51 @@ func freePorts(n int, udp bool) ([]int, error) {
 	return ports, nil
 }
 
+// Ports are picked at random below the kernel's ephemeral range: the
+// ports of outgoing connections come from that range, so a port picked
+// there could be taken by any connection (of this process or another test
+// package running in parallel) while a member that owns it is stopped, and
+// the member could not restart on it. Below the range, only another
+// process that picks the same port at random can take it.
+const (
+	portRangeLow = 10000
+	// defaultEphemeralLow is Linux's default when the range cannot be read.
+	defaultEphemeralLow = 32768
+)
+
+// ephemeralLow returns the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return defaultEphemeralLow
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return defaultEphemeralLow
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo <= portRangeLow+1000 {
+		return defaultEphemeralLow
+	}
+	return lo
+}
+
 func freePort(udp bool) (int, error) {
 	var lastErr error
+	hi := ephemeralLow()
 	for range maxPortProbes {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p := portRangeLow + rand.IntN(hi-portRangeLow)
+		reservedMu.Lock()
+		taken := reserved[p]
+		reservedMu.Unlock()
+		if taken {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		p := l.Addr().(*net.TCPAddr).Port
 		if udp {
 			u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p))
 			if err != nil {
@@ -56,7 +95,7 @@ func freePort(udp bool) (int, error) {
 		}
 		l.Close()
 		reservedMu.Lock()
-		taken := reserved[p]
+		taken = reserved[p]
 		if !taken {
 			reserved[p] = true
 		}
@@ -68,7 +107,7 @@ func freePort(udp bool) (int, error) {
 	if lastErr == nil {
 		lastErr = errors.New("every probed port was already reserved")
 	}
-	return 0, fmt.Errorf("embedtest: no free loopback port after %d probes: %w", maxPortProbes, lastErr)
+	return 0, fmt.Errorf("embedtest: no free loopback port below %d after %d probes: %w", hi, maxPortProbes, lastErr)
 }
 
 func releasePorts(ports []int) {

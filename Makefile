@@ -4,7 +4,7 @@ export GOTOOLCHAIN := local
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: test consul lint demo bench
+.PHONY: test consul lint demo bench mutants
 
 test: consul
 	$(GO) vet ./...
@@ -24,3 +24,8 @@ demo:
 
 bench:
 	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all
+
+# Remove each safety guard in turn (docs/GUARDS.md) and check that the tests
+# meant to catch its absence fail. About 10 minutes; not part of `make test`.
+mutants: consul
+	./scripts/mutants.sh

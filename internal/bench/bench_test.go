@@ -72,8 +72,11 @@ func TestEtcdLockShort(t *testing.T) {
 		if r.Acquisitions < 1 || r.AcqPerS <= 0 || r.DurationS != 0.3 || r.HoldMS != 0 {
 			t.Errorf("%s: acquisitions %d acq/s %v duration %v hold %v", r.Impl, r.Acquisitions, r.AcqPerS, r.DurationS, r.HoldMS)
 		}
-		if r.Fairness == nil || *r.Fairness < 0.5 || *r.Fairness > 1 {
-			t.Errorf("%s: fairness %v out of [0.5, 1] (Jain's index of 2 contenders)", r.Impl, r.Fairness)
+		// Both recipes are FIFO: two contenders take turns, so Jain's index
+		// is 1 give or take the first and last turn. (Any split of 2
+		// contenders scores at least 0.5, so a weaker bound checks nothing.)
+		if r.Fairness == nil || *r.Fairness < 0.9 || *r.Fairness > 1 {
+			t.Errorf("%s: fairness %v, want at least 0.9: two FIFO contenders take turns", r.Impl, fp(r.Fairness))
 		}
 		if r.RPCsPerAcq == nil || *r.RPCsPerAcq <= 0 || r.RPCUnit != "grpc-unary" {
 			t.Errorf("%s: rpcs_per_acq %v unit %q", r.Impl, r.RPCsPerAcq, r.RPCUnit)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# scripts/mutants.sh: check that the test suite notices each safety guard's
+# absence. For every guard listed in docs/GUARDS.md, build the code with that
+# one guard removed (build tag holdfast_mutants, HOLDFAST_MUTANT=<guard>) and
+# run the tests meant to catch it: they must FAIL. A guard whose removal
+# passes the tests "survived", and the script exits 1.
+#
+# Usage: scripts/mutants.sh [guard ...]     (default: every guard)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=local
+if [ -z "${CONSUL_BIN:-}" ]; then CONSUL_BIN=$(./scripts/consul.sh) || exit 1; export CONSUL_BIN; fi
+
+# guard | package | tests meant to catch it (a go test -run pattern)
+table='
+core/margin|./internal/core/|TestKeeper|
+core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
+etcd/release-guard|./etcd/|TestReleaseGuard
+etcd/txn-guard|./etcd/|TestGuardedTxn
+etcd/recheck-own-key|./etcd/|TestConformanceOneNode/ContextWhileWaiting|TestWaiter
+etcd/watch-now|./etcd/|TestHandoffNoStall
+consul/release-check-session|./consul/|TestConformance/DeletedKey|TestStale
+consul/txn-check-session|./consul/|TestGuardedTxn
+consul/handoff-check-next|./consul/|TestHandoff
+consul/session-watch|./consul/|TestSessionDestroyedNotice
+consul/key-check|./consul/|TestConformance/DeletedKey|TestKeyDeleted
+'
+
+want=("$@")
+survived=0
+ran=0
+while IFS='|' read -r guard pkg run; do
+  [ -n "$guard" ] || continue
+  if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " == *" $guard "* ]]; then continue; fi
+  ran=$((ran + 1))
+  start=$(date +%s)
+  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants -count=1 -timeout 10m -run "$run" "$pkg" >"/tmp/holdfast-mutant-${guard//\//_}.log" 2>&1; then
+    echo "SURVIVED  $guard  ($pkg -run '$run' passed without it; log /tmp/holdfast-mutant-${guard//\//_}.log)"
+    survived=$((survived + 1))
+  else
+    caught=$(grep -E '^\s*--- FAIL' "/tmp/holdfast-mutant-${guard//\//_}.log" | sed 's/^ *--- FAIL: //; s/ (.*//' | head -4 | tr '\n' ' ')
+    echo "caught    $guard  in $(( $(date +%s) - start ))s by: ${caught:-build or package failure (see log)}"
+  fi
+done <<<"$table"
+echo "mutants: $ran run, $survived survived"
+[ "$survived" -eq 0 ] && [ "$ran" -gt 0 ]

@@ -64,8 +64,10 @@ type Faults struct {
 	// Close closes the locker's session (Session.Close).
 	Close func()
 	// Requests returns how many requests the locker's client has sent to
-	// the store so far (etcd: unary RPCs; Consul: HTTP requests), so that
-	// the suite can see which waiters a release wakes.
+	// the store so far, long polls that merely wait for a change left out
+	// (etcd: unary RPCs, not watch streams; Consul: HTTP requests other
+	// than blocking queries), so that the suite can see which waiters a
+	// release wakes.
 	Requests func() int64
 }
 

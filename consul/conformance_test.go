@@ -25,7 +25,7 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatalf("NewMutex(%q): %v", name, err)
 			}
-			return m, func() { destroy(t, admin, s.ID()) }
+			return holdfast.AsLocker[*Grant](m), func() { destroy(t, admin, s.ID()) }
 		},
 		Keys: func(t *testing.T, name string) []string { return keys(t, admin, name) },
 		// A destroyed session is noticed through the session watch at once;

@@ -98,11 +98,10 @@ func ExampleGrant_Txn() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	hg, err := mu.Lock(ctx)
+	g, err := mu.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	g := hg.(*consul.Grant)
 
 	set := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVSet, Key: "config/current", Value: []byte("v1")}}}
 	if _, err := g.Txn(ctx, set); err != nil {

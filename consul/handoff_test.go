@@ -16,7 +16,7 @@ import (
 
 // lockResult is what a Lock in a goroutine came to.
 type lockResult struct {
-	g   holdfast.Grant
+	g   *Grant
 	err error
 }
 
@@ -64,7 +64,7 @@ func lockKeyNow(t *testing.T, c *api.Client, name string) *api.KVPair {
 // behind it: a first holder (who knows nobody) holds, x queues, then the
 // waiters queue, and the first holder releases, so that x takes the lock and
 // reads the queue in the same transaction.
-func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (holdfast.Grant, []<-chan lockResult) {
+func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (*Grant, []<-chan lockResult) {
 	t.Helper()
 	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	g0, err := first.Lock(timeout(t, 5*time.Second))
@@ -147,11 +147,7 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	a := agent(t)
 	c := a.Client(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, pc := proxied(t, a)
 	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	w1 := newMutex(t, newSession(t, pc, WithLockDelay(0)), name)
 	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
@@ -175,14 +171,14 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	}
 
 	// w1 does not hear of the handoff.
-	p.blackout.Store(true)
+	p.Blackhole()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w1.s.id {
 		t.Fatalf("lock key %+v, want handed to w1's session %s", pair, w1.s.id)
 	}
-	p.blackout.Store(false)
+	p.Mend()
 	t0 := time.Now()
 	w1cancel()
 	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
@@ -373,11 +369,7 @@ func TestHandoffLeftoverCleanedFirst(t *testing.T) {
 	a := agent(t)
 	c := a.Client(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, pc := proxied(t, a)
 	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	s1 := newSession(t, pc, WithLockDelay(0), WithTTL(time.Hour))
 	w1 := newMutex(t, s1, name)
@@ -400,15 +392,15 @@ func TestHandoffLeftoverCleanedFirst(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	p.blackout.Store(true)
+	p.Blackhole()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	w1cancel()
-	if r := receive(t, w1res, 2*cleanupTimeout, "w1"); !errors.Is(r.err, context.Canceled) {
+	if r := receive(t, w1res, 2*5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
 	}
-	p.blackout.Store(false)
+	p.Mend()
 	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
 		t.Fatalf("lock key %+v, want left with w1's session: the test proves nothing", pair)
 	}

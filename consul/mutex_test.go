@@ -69,7 +69,7 @@ func TestAPILockInterop(t *testing.T) {
 		t.Fatalf("TryLock while api.Lock holds: %v, want ErrLocked", err)
 	}
 	type result struct {
-		g   holdfast.Grant
+		g   *Grant
 		err error
 		at  time.Time
 	}
@@ -192,7 +192,7 @@ func TestTakeover(t *testing.T) {
 			}
 			waiter := newSession(t, a.Client(t), WithLockDelay(0))
 			type result struct {
-				g   holdfast.Grant
+				g   *Grant
 				err error
 				at  time.Time
 			}
@@ -241,11 +241,7 @@ func TestPartitionedHolder(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	hc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, hc := proxied(t, a)
 	const ttl = 10 * time.Second
 	holder := newSession(t, hc, WithTTL(ttl), WithLockDelay(0))
 	g, err := newMutex(t, holder, name).Lock(timeout(t, 5*time.Second))
@@ -260,7 +256,7 @@ func TestPartitionedHolder(t *testing.T) {
 
 	other := newSession(t, a.Client(t), WithTTL(ttl), WithLockDelay(0))
 	type result struct {
-		g   holdfast.Grant
+		g   *Grant
 		err error
 		at  time.Time
 	}
@@ -272,7 +268,7 @@ func TestPartitionedHolder(t *testing.T) {
 	waitFor(t, 5*time.Second, "other queued", func() bool { return len(keys(t, a.Client(t), name)) == 2 })
 
 	t0 := time.Now()
-	p.blackout.Store(true)
+	p.Blackhole()
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("other: %v", r.err)
@@ -296,7 +292,7 @@ func TestPartitionedHolder(t *testing.T) {
 	if err := g.Unlock(timeout(t, time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("late Unlock: %v, want ErrNotHeld", err)
 	}
-	p.blackout.Store(false)
+	p.Mend()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -492,14 +488,14 @@ func TestManyLocksOneSession(t *testing.T) {
 	s := newSession(t, c, WithLockDelay(0), WithSessionName(sname))
 	base := uniqueName(t)
 	const n = 300
-	var grants []holdfast.Grant
+	var grants []*Grant
 	for i := range n {
 		g, err := newMutex(t, s, base+"/"+strconv.Itoa(i)).Lock(timeout(t, 5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.(*Grant).Session() != s.ID() {
-			t.Fatalf("grant of session %s, want %s", g.(*Grant).Session(), s.ID())
+		if g.Session() != s.ID() {
+			t.Fatalf("grant of session %s, want %s", g.Session(), s.ID())
 		}
 		grants = append(grants, g)
 	}
@@ -562,7 +558,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		n0 := cnt.n.Load()
-		done := make(chan holdfast.Grant, 1)
+		done := make(chan *Grant, 1)
 		go func() {
 			g, err := m.Lock(timeout(t, 5*time.Second))
 			if err != nil {
@@ -673,7 +669,7 @@ func TestDoubleUnlock(t *testing.T) {
 	if err := g1.Unlock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("second Unlock: %v, want ErrNotHeld", err)
 	}
-	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.(*Grant).Session() || pair.ModifyIndex != uint64(g2.Token()) {
+	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.Session() || pair.ModifyIndex != uint64(g2.Token()) {
 		t.Errorf("lock key after the second Unlock: %+v, %v; want held by the next holder", pair, err)
 	}
 	if err := g2.Unlock(timeout(t, 5*time.Second)); err != nil {
@@ -731,11 +727,7 @@ func TestCleanupRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newProxy(t, a.HTTPAddr)
-	wc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, wc := proxied(t, a)
 	const ttl = 30 * time.Second // renewals every 10 s, deadline 24 s
 	ws := newSession(t, wc, WithTTL(ttl), WithLockDelay(0))
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -748,12 +740,12 @@ func TestCleanupRetried(t *testing.T) {
 	qkey := name + queueInfix + ws.ID()
 	waitFor(t, 5*time.Second, "waiter queued", func() bool { return slices.Contains(keys(t, admin, name), qkey) })
 
-	p.blackout.Store(true)
+	p.Blackhole()
 	wcancel()
 	if err := <-res; !errors.Is(err, context.Canceled) {
 		t.Fatalf("waiter: %v, want context.Canceled", err)
 	}
-	p.blackout.Store(false)
+	p.Mend()
 	if !slices.Contains(keys(t, admin, name), qkey) {
 		t.Fatal("the waiter's queue key is gone although Consul was unreachable: the test proves nothing")
 	}

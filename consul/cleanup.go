@@ -22,15 +22,24 @@ type leftover struct {
 // which frees the name in this session: the name is not locked again
 // through the session until the store has seen the cleanup, so a stale queue
 // key or lock key of ours is never mistaken for a new one. The returned
-// channel is closed when the task is over. If the session ends first, Close
-// makes one last attempt.
+// channel is closed when the task is over. If the session ends first, the
+// task makes one last attempt (bounded by core.AttemptTimeout), and if that
+// fails too, so does Close.
 func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 	done := make(chan struct{})
 	task := func(ctx context.Context) {
 		defer close(done)
 		defer free()
 		err := core.Retry(ctx, func(actx context.Context) error { return s.clean(actx, l) })
-		if err != nil && ctx.Err() != nil {
+		if err == nil || ctx.Err() == nil {
+			return // done, or refused for good
+		}
+		// The session ended (a waiter whose session was destroyed, say):
+		// one last bounded attempt, since a queue key left by a session
+		// with Behavior release stays in Consul.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), core.AttemptTimeout)
+		defer cancel()
+		if s.clean(actx, l) != nil {
 			s.abandon(l)
 		}
 	}

@@ -117,7 +117,7 @@ func TestHandoffFIFO(t *testing.T) {
 			}
 		}
 		pair := lockKeyNow(t, c, name)
-		if pair == nil || pair.Session != ws[i].s.id || pair.ModifyIndex != uint64(r.g.Token()) {
+		if pair == nil || pair.Session != ws[i].s.id || tokenOf(pair) != uint64(r.g.Token()) {
 			t.Fatalf("waiter %d: lock key %+v, want held by its session at its token %d", i, pair, r.g.Token())
 		}
 		if pair.CreateIndex != created {
@@ -360,11 +360,12 @@ func TestHandoffTokensIncrease(t *testing.T) {
 	}
 }
 
-// TestHandoffLeftoverCleanedFirst: the lock is handed to a waiter that gives
-// up while Consul is unreachable, so its cleanup fails and the lock stays
-// with its session. The next Lock through that session (renewals are far
-// off) releases it before queueing, so the waiter behind gets the lock.
-func TestHandoffLeftoverCleanedFirst(t *testing.T) {
+// TestHandoffLeftoverCleanedWhenReachable: the lock is handed to a waiter
+// that gives up while its Consul is frozen, so its cleanup cannot run and
+// the lock stays with its session. Its Lock returns at once all the same,
+// and the session releases the lock as soon as Consul is reachable again,
+// so the waiter behind gets it; the same session can lock the name again.
+func TestHandoffLeftoverCleanedWhenReachable(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	c := a.Client(t)
@@ -392,26 +393,33 @@ func TestHandoffLeftoverCleanedFirst(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	p.Blackhole()
+	p.Pause()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want handed to w1's session: the test proves nothing", pair)
+	}
+	t0 := time.Now()
 	w1cancel()
-	if r := receive(t, w1res, 2*5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
+	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
 	}
-	p.Mend()
-	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
-		t.Fatalf("lock key %+v, want left with w1's session: the test proves nothing", pair)
+	if d := time.Since(t0); d > 100*time.Millisecond {
+		t.Errorf("w1's Lock returned %v after its context was cancelled, with Consul frozen; want < 100 ms", d)
 	}
-
-	t0 := time.Now()
-	again := lockAsync(w1, timeout(t, 10*time.Second))
-	r2 := receive(t, w2res, time.Second, "w2")
+	time.Sleep(500 * time.Millisecond)
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want still with w1's session while its Consul is frozen", pair)
+	}
+	t1 := time.Now()
+	p.Mend()
+	r2 := receive(t, w2res, cleanupBound, "w2")
 	if r2.err != nil {
 		t.Fatal(r2.err)
 	}
-	t.Logf("w2 got the lock %v after w1's session locked again", time.Since(t0))
+	t.Logf("w2 got the lock %v after w1's Consul was reachable again", time.Since(t1))
+	again := lockAsync(w1, timeout(t, 10*time.Second))
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,13 @@ import (
 	"github.com/holdfast/holdfast/embedtest"
 )
 
+// cleanupBound bounds how long the session takes to remove what a failed
+// Lock or an unconfirmed Unlock left, once Consul is reachable again: the
+// attempt under way when Consul froze ends within core.AttemptTimeout (2 s)
+// and the next one follows after a pause of at most 1 s; with a paused (not
+// blackholed) proxy, the attempt under way usually completes at once.
+const cleanupBound = 3500 * time.Millisecond
+
 // shared is the agent most tests share (lock names are unique per test).
 var shared struct {
 	once  sync.Once

@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
@@ -16,6 +17,10 @@ const (
 	// queueInfix makes the queue prefix of a name; waiters' keys are
 	// "<name>/.queue/<session ID>".
 	queueInfix = "/.queue/"
+	// cleanupGrace is how long a Lock whose context has ended still waits
+	// for its cleanup, so that on a reachable Consul it leaves nothing when
+	// it returns.
+	cleanupGrace = 50 * time.Millisecond
 )
 
 // LockKey returns the Consul key of the lock called name: "<name>/.lock".
@@ -95,9 +100,10 @@ func (m *Mutex) Name() string { return m.name }
 // lie under "<name>/". Whatever the call left in Consul (its queue key, or
 // the lock key if an acquire of unknown outcome took it, or a holder handed
 // it over as the call gave up) is removed by the session in the background,
-// as soon as Consul can be reached, while the session lives; when ctx has
-// not ended, Lock waits for that removal before it returns. The same
-// session locks the name again only after that removal.
+// as soon as Consul can be reached, while the session lives. Lock waits for
+// that removal before it returns, but never more than 50 ms after ctx has
+// ended, so on a reachable Consul a failed Lock usually leaves nothing. The
+// same session locks the name again only after that removal.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
 
 // TryLock takes the lock only if nobody holds it or waits for it, and
@@ -143,9 +149,15 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 			return nil, a.fail(err)
 		}
 		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey}, free)
+		grace := time.NewTimer(cleanupGrace)
+		defer grace.Stop()
 		select {
 		case <-done:
 		case <-wctx.Done():
+			select { // Consul usually answers within a millisecond
+			case <-done:
+			case <-grace.C:
+			}
 		}
 		return nil, a.fail(err)
 	}

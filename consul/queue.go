@@ -529,14 +529,19 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 	seen := make(map[string]bool, len(results))
 	for _, r := range results {
 		e := r.KV
-		if e == nil || seen[e.Key] {
+		if e == nil {
+			continue
+		}
+		if e.Key == m.lockKey { // the last answer about it is the latest
+			v.lock = e
+			continue
+		}
+		if seen[e.Key] {
 			continue
 		}
 		seen[e.Key] = true
 		id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
 		switch {
-		case e.Key == m.lockKey:
-			v.lock = e
 		case isQueue && id != "" && !strings.Contains(id, "/"):
 			if e.Session == "" {
 				v.dead = append(v.dead, e)

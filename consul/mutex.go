@@ -77,13 +77,14 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 		return nil, err
 	}
 	cfg := options.ApplyLock(opts)
+	queueKey := name + queueInfix + s.id // the other keys share its bytes
 	return &Mutex{
 		s:           s,
-		name:        name,
-		prefix:      name + "/",
+		name:        queueKey[:len(name)],
+		prefix:      queueKey[:len(name)+1],
 		lockKey:     LockKey(name),
-		queuePrefix: name + queueInfix,
-		queueKey:    name + queueInfix + s.id,
+		queuePrefix: queueKey[:len(name)+len(queueInfix)],
+		queueKey:    queueKey,
 		reentry:     core.Reentry[*Grant]{Enabled: cfg.Reentrant},
 	}, nil
 }

@@ -289,8 +289,12 @@ func TestPartitionedHolder(t *testing.T) {
 	}
 	// Still partitioned: the late Unlock reports the loss, and times out on
 	// nothing.
+	t1 := time.Now()
 	if err := g.Unlock(timeout(t, time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("late Unlock: %v, want ErrNotHeld", err)
+	}
+	if d := time.Since(t1); d > 50*time.Millisecond {
+		t.Errorf("Unlock of a grant known to be lost took %v, want at once", d)
 	}
 	p.Mend()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
@@ -571,7 +575,18 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		mine := <-done
-		t.Logf("contended (head of the queue), try %d: Lock %d requests", i, cnt.n.Load()-n0)
+		// Read, queue up, announce (the holder took the lock before we
+		// queued), learn the holder's lock-delay (first time only), block
+		// on the lock key; the holder hands the lock over.
+		n := cnt.n.Load() - n0
+		want := int64(4)
+		if i == 0 {
+			want = 5
+		}
+		t.Logf("contended (head of the queue), try %d: Lock %d requests", i, n)
+		if n != want {
+			t.Errorf("contended (head of the queue), try %d: Lock %d requests, want %d", i, n, want)
+		}
 		if mine != nil {
 			if err := mine.Unlock(timeout(t, 5*time.Second)); err != nil {
 				t.Fatal(err)
@@ -700,13 +715,15 @@ func TestWaiterSessionLost(t *testing.T) {
 	t0 := time.Now()
 	destroy(t, admin, ws.ID())
 	err = <-res
-	t.Logf("waiter returned %v after its session was destroyed: %v", time.Since(t0), err)
+	took := time.Since(t0)
+	t.Logf("waiter returned %v after its session was destroyed: %v", took, err)
+	if took > 100*time.Millisecond {
+		t.Errorf("waiter returned %v after its session was destroyed, want < 100 ms", took)
+	}
 	if !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("waiter: %v, want ErrSessionLost", err)
 	}
-	if ks := keys(t, admin, name); !slices.Equal(ks, []string{LockKey(name)}) {
-		t.Errorf("keys: %q, want the holder's only", ks)
-	}
+	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(keys(t, admin, name), []string{LockKey(name)}) })
 	if _, err := wm.Lock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("Lock on a lost session: %v, want ErrSessionLost", err)
 	}
@@ -715,10 +732,13 @@ func TestWaiterSessionLost(t *testing.T) {
 	}
 }
 
-// TestCleanupRetried: a waiter that gives up while Consul is unreachable
-// cannot remove its queue key; its session removes it after the next
-// renewal, so the queue behind it does not stall for good.
-func TestCleanupRetried(t *testing.T) {
+// TestCleanupWhenReachable: a waiter gives up while a partition drops its
+// traffic to Consul (the proxy blackholes it), so its queue key stays; its
+// Lock returns on time all the same. As soon as Consul is reachable again,
+// the session removes what the waiter left (its queue key, or the lock that
+// the holder handed to it meanwhile) within cleanupBound, and the contender
+// queued behind it gets the lock.
+func TestCleanupWhenReachable(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	admin := a.Client(t)
@@ -728,42 +748,45 @@ func TestCleanupRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, wc := proxied(t, a)
-	const ttl = 30 * time.Second // renewals every 10 s, deadline 24 s
-	ws := newSession(t, wc, WithTTL(ttl), WithLockDelay(0))
+	ws := newSession(t, wc, WithLockDelay(0))
 	wctx, wcancel := context.WithCancel(context.Background())
 	defer wcancel()
-	res := make(chan error, 1)
-	go func() {
-		_, err := newMutex(t, ws, name).Lock(wctx)
-		res <- err
-	}()
-	qkey := name + queueInfix + ws.ID()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return slices.Contains(keys(t, admin, name), qkey) })
+	wm := newMutex(t, ws, name)
+	res := queueUp(t, admin, wm, wctx)
 
 	p.Blackhole()
+	t0 := time.Now()
 	wcancel()
-	if err := <-res; !errors.Is(err, context.Canceled) {
-		t.Fatalf("waiter: %v, want context.Canceled", err)
+	if r := receive(t, res, time.Second, "waiter"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("waiter: %v, want context.Canceled", r.err)
 	}
-	p.Mend()
-	if !slices.Contains(keys(t, admin, name), qkey) {
+	if d := time.Since(t0); d > onTime {
+		t.Errorf("waiter returned %v after its context was cancelled, want < %v", d, onTime)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if !slices.Contains(keys(t, admin, name), wm.queueKey) {
 		t.Fatal("the waiter's queue key is gone although Consul was unreachable: the test proves nothing")
 	}
+	next := queueUp(t, admin, newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name), timeout(t, 30*time.Second))
 	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	// A new contender queues behind the stale key, and gets the lock once
-	// the waiter's session has removed it.
-	t0 := time.Now()
-	g, err := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name).Lock(timeout(t, ttl))
-	if err != nil {
-		t.Fatalf("contender behind a stale queue key: %v", err)
+	// The holder handed the lock to the waiter that gave up (its queue key
+	// was still there): the waiter's cleanup must release it.
+	t1 := time.Now()
+	p.Mend()
+	r := receive(t, next, cleanupBound, "contender behind the stale key")
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	t.Logf("stale queue key removed, next contender in after %v", time.Since(t0))
+	t.Logf("contender behind the stale key got the lock %v after the partition ended", time.Since(t1))
+	if slices.Contains(keys(t, admin, name), wm.queueKey) {
+		t.Errorf("stale queue key still there")
+	}
 	if ws.Err() != nil {
 		t.Errorf("waiter's session ended: %v", ws.Err())
 	}
-	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if ks := keys(t, admin, name); len(ks) != 0 {

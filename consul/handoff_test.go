@@ -437,3 +437,57 @@ func TestHandoffLeftoverCleanedWhenReachable(t *testing.T) {
 		t.Errorf("keys left: %q", ks)
 	}
 }
+
+// TestHandoffSkipsWaiterThatLeft: the holder knows the next waiter, which
+// gives up (its session lives on) before the Unlock: the handoff's checks on
+// that waiter's queue entry fail, and the lock goes to the waiter behind it,
+// not to the session of the one that left.
+func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+	w1ctx, w1cancel := context.WithCancel(context.Background())
+	defer w1cancel()
+	w1res := queueUp(t, c, w1, w1ctx)
+	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.g.next) == 0 || r.g.next[0].session != s1.ID() {
+		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", r.g.next)
+	}
+	w1cancel()
+	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w1: %v, want context.Canceled", r.err)
+	}
+	waitFor(t, 5*time.Second, "w1's queue key removed", func() bool { return !slices.Contains(keys(t, c, name), w1.queueKey) })
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r2 := receive(t, w2res, time.Second, "w2")
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w2.s.id {
+		t.Errorf("lock key %+v, want held by w2's session", pair)
+	}
+	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -226,7 +226,15 @@ func TestDial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := newMutex(t, s, uniqueName(t)).Lock(timeout(t, 5*time.Second))
+	if s.Client() == nil || s.TTL() != DefaultTTL || s.LockDelay() != 0 {
+		t.Errorf("Dial's session: client %v, TTL %v, lock-delay %v; want a client, %v, 0", s.Client(), s.TTL(), s.LockDelay(), DefaultTTL)
+	}
+	name := uniqueName(t)
+	m := newMutex(t, s, name)
+	if m.Name() != name {
+		t.Errorf("Name() = %q, want %q", m.Name(), name)
+	}
+	g, err := m.Lock(timeout(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,23 +176,27 @@ func TestPokedKeyStillHeld(t *testing.T) {
 
 // TestHandoffToLateWaiter (defect 10): the holder took the lock when nobody
 // waited; then a holdfast waiter queues, then an api.Lock client waits too.
-// Unlock hands the lock to the holdfast waiter, in 4 of 4 trials.
+// Unlock hands the lock to the holdfast waiter, in 4 of 4 trials. To make
+// the race decisive, the holdfast waiter's own traffic is frozen while the
+// holder unlocks: only a handoff by the holder can give it the lock first.
 func TestHandoffToLateWaiter(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	c := a.Client(t)
 	for trial := range 4 {
 		name := uniqueName(t)
+		p, pc := proxied(t, a)
 		h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
-		w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+		w := newMutex(t, newSession(t, pc, WithLockDelay(0)), name)
 		g, err := h.Lock(timeout(t, 5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		wres := queueUp(t, c, w, timeout(t, 10*time.Second))
-		waitFor(t, 5*time.Second, "the waiter announced itself", func() bool {
-			return strings.HasPrefix(string(lockKeyNow(t, c, name).Value), valueWaiter)
-		})
+		time.Sleep(100 * time.Millisecond) // the waiter is at the head, watching
+		if v := string(lockKeyNow(t, c, name).Value); !strings.HasPrefix(v, valueWaiter) {
+			t.Logf("trial %d: the waiter has not announced itself (lock value %q)", trial, v)
+		}
 		l, err := c.LockOpts(&api.LockOptions{Key: LockKey(name), LockWaitTime: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -207,15 +211,18 @@ func TestHandoffToLateWaiter(t *testing.T) {
 			native <- err
 		}()
 		time.Sleep(200 * time.Millisecond) // api.Lock is waiting on the key
+		p.Pause()
 		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(300 * time.Millisecond)
+		if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w.s.id {
+			t.Errorf("trial %d: lock key %+v after Unlock, want handed to the holdfast waiter's session %s", trial, pair, w.s.id)
+		}
+		p.Mend()
 		r := receive(t, wres, 5*time.Second, "holdfast waiter")
 		if r.err != nil {
 			t.Fatalf("trial %d: holdfast waiter: %v", trial, r.err)
-		}
-		if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w.s.id {
-			t.Errorf("trial %d: lock key %+v, want held by the holdfast waiter's session", trial, pair)
 		}
 		if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 			t.Fatal(err)

@@ -40,9 +40,8 @@ import (
 // index, so tokens of successive grants strictly increase); it does not
 // change when the key is poked.
 type Grant struct {
-	base  *core.Grant // key, token, context, reentrancy, release
-	m     *Mutex
-	token uint64
+	base *core.Grant // key, token, context, reentrancy, release
+	m    *Mutex
 
 	// Used only by the release, which runs once, in one goroutine: whom to
 	// hand the lock to (up to two waiters, in queue order), and the lock

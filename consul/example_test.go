@@ -14,8 +14,8 @@ import (
 	"github.com/holdfast/holdfast/embedtest"
 )
 
-// Example takes a lock, does fenced work under it, and releases it.
-func Example() {
+// ExampleMutex takes a lock, does fenced work under it, and releases it.
+func ExampleMutex() {
 	agent, err := embedtest.StartConsul() // a real `consul agent -dev`
 	if err != nil {
 		log.Fatal(err)
@@ -98,17 +98,21 @@ func ExampleGrant_Txn() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	hg, err := mu.Lock(ctx)
+	g, err := mu.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	g := hg.(*consul.Grant)
 
 	set := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVSet, Key: "config/current", Value: []byte("v1")}}}
 	if _, err := g.Txn(ctx, set); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("written while held")
+
+	// The lock's own keys are off limits: refused before any request.
+	own := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVSet, Key: g.Key(), Value: []byte("x")}}}
+	_, err = g.Txn(ctx, own)
+	fmt.Println("own key refused:", errors.Is(err, holdfast.ErrInvalidArgument))
 
 	if err := g.Unlock(ctx); err != nil {
 		log.Fatal(err)
@@ -117,7 +121,46 @@ func ExampleGrant_Txn() {
 	fmt.Println("after Unlock:", errors.Is(err, holdfast.ErrNotHeld))
 	// Output:
 	// written while held
+	// own key refused: true
 	// after Unlock: true
+}
+
+// ExampleDial opens a session on a client of its own: the shortest way in.
+func ExampleDial() {
+	agent, err := embedtest.StartConsul() // a real `consul agent -dev`
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer agent.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// "" would mean $CONSUL_HTTP_ADDR, else 127.0.0.1:8500.
+	session, err := consul.Dial(ctx, agent.HTTPAddr, consul.WithLockDelay(0))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close() // also closes the client's connections
+	mu, err := consul.NewMutex(session, "jobs/backup")
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := mu.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() {
+		// Unlock waits at most 5 s for Consul's answer; if none comes, the
+		// session goes on releasing the lock in the background.
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := g.Unlock(uctx); err != nil {
+			log.Print(err)
+		}
+	}()
+	fmt.Println("holding", g.Key())
+	// Output:
+	// holding jobs/backup/.lock
 }
 
 // ExampleLockKey shows the key to give api.Lock (or `consul lock`) to share a

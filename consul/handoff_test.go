@@ -16,7 +16,7 @@ import (
 
 // lockResult is what a Lock in a goroutine came to.
 type lockResult struct {
-	g   holdfast.Grant
+	g   *Grant
 	err error
 }
 
@@ -64,7 +64,7 @@ func lockKeyNow(t *testing.T, c *api.Client, name string) *api.KVPair {
 // behind it: a first holder (who knows nobody) holds, x queues, then the
 // waiters queue, and the first holder releases, so that x takes the lock and
 // reads the queue in the same transaction.
-func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (holdfast.Grant, []<-chan lockResult) {
+func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (*Grant, []<-chan lockResult) {
 	t.Helper()
 	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	g0, err := first.Lock(timeout(t, 5*time.Second))
@@ -117,7 +117,7 @@ func TestHandoffFIFO(t *testing.T) {
 			}
 		}
 		pair := lockKeyNow(t, c, name)
-		if pair == nil || pair.Session != ws[i].s.id || pair.ModifyIndex != uint64(r.g.Token()) {
+		if pair == nil || pair.Session != ws[i].s.id || tokenOf(pair) != uint64(r.g.Token()) {
 			t.Fatalf("waiter %d: lock key %+v, want held by its session at its token %d", i, pair, r.g.Token())
 		}
 		if pair.CreateIndex != created {
@@ -147,11 +147,7 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	a := agent(t)
 	c := a.Client(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, pc := proxied(t, a)
 	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	w1 := newMutex(t, newSession(t, pc, WithLockDelay(0)), name)
 	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
@@ -175,14 +171,14 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	}
 
 	// w1 does not hear of the handoff.
-	p.blackout.Store(true)
+	p.Blackhole()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w1.s.id {
 		t.Fatalf("lock key %+v, want handed to w1's session %s", pair, w1.s.id)
 	}
-	p.blackout.Store(false)
+	p.Mend()
 	t0 := time.Now()
 	w1cancel()
 	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
@@ -364,20 +360,17 @@ func TestHandoffTokensIncrease(t *testing.T) {
 	}
 }
 
-// TestHandoffLeftoverCleanedFirst: the lock is handed to a waiter that gives
-// up while Consul is unreachable, so its cleanup fails and the lock stays
-// with its session. The next Lock through that session (renewals are far
-// off) releases it before queueing, so the waiter behind gets the lock.
-func TestHandoffLeftoverCleanedFirst(t *testing.T) {
+// TestHandoffLeftoverCleanedWhenReachable: the lock is handed to a waiter
+// that gives up while its Consul is frozen, so its cleanup cannot run and
+// the lock stays with its session. Its Lock returns at once all the same,
+// and the session releases the lock as soon as Consul is reachable again,
+// so the waiter behind gets it; the same session can lock the name again.
+func TestHandoffLeftoverCleanedWhenReachable(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	c := a.Client(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	pc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, pc := proxied(t, a)
 	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	s1 := newSession(t, pc, WithLockDelay(0), WithTTL(time.Hour))
 	w1 := newMutex(t, s1, name)
@@ -400,26 +393,33 @@ func TestHandoffLeftoverCleanedFirst(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	p.blackout.Store(true)
+	p.Pause()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want handed to w1's session: the test proves nothing", pair)
+	}
+	t0 := time.Now()
 	w1cancel()
-	if r := receive(t, w1res, 2*cleanupTimeout, "w1"); !errors.Is(r.err, context.Canceled) {
+	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("w1: %v, %v; want context.Canceled", r.g, r.err)
 	}
-	p.blackout.Store(false)
-	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
-		t.Fatalf("lock key %+v, want left with w1's session: the test proves nothing", pair)
+	if d := time.Since(t0); d > 100*time.Millisecond {
+		t.Errorf("w1's Lock returned %v after its context was cancelled, with Consul frozen; want < 100 ms", d)
 	}
-
-	t0 := time.Now()
-	again := lockAsync(w1, timeout(t, 10*time.Second))
-	r2 := receive(t, w2res, time.Second, "w2")
+	time.Sleep(500 * time.Millisecond)
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != s1.ID() {
+		t.Fatalf("lock key %+v, want still with w1's session while its Consul is frozen", pair)
+	}
+	t1 := time.Now()
+	p.Mend()
+	r2 := receive(t, w2res, cleanupBound, "w2")
 	if r2.err != nil {
 		t.Fatal(r2.err)
 	}
-	t.Logf("w2 got the lock %v after w1's session locked again", time.Since(t0))
+	t.Logf("w2 got the lock %v after w1's Consul was reachable again", time.Since(t1))
+	again := lockAsync(w1, timeout(t, 10*time.Second))
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -435,5 +435,59 @@ func TestHandoffLeftoverCleanedFirst(t *testing.T) {
 	}
 	if ks := keys(t, c, name); len(ks) != 0 {
 		t.Errorf("keys left: %q", ks)
+	}
+}
+
+// TestHandoffSkipsWaiterThatLeft: the holder knows the next waiter, which
+// gives up (its session lives on) before the Unlock: the handoff's checks on
+// that waiter's queue entry fail, and the lock goes to the waiter behind it,
+// not to the session of the one that left.
+func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+
+	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
+	g0, err := first.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
+	w1ctx, w1cancel := context.WithCancel(context.Background())
+	defer w1cancel()
+	w1res := queueUp(t, c, w1, w1ctx)
+	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, xres, 5*time.Second, "x")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.g.next) == 0 || r.g.next[0].session != s1.ID() {
+		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", r.g.next)
+	}
+	w1cancel()
+	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w1: %v, want context.Canceled", r.err)
+	}
+	waitFor(t, 5*time.Second, "w1's queue key removed", func() bool { return !slices.Contains(keys(t, c, name), w1.queueKey) })
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r2 := receive(t, w2res, time.Second, "w2")
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	if pair := lockKeyNow(t, c, name); pair == nil || pair.Session != w2.s.id {
+		t.Errorf("lock key %+v, want held by w2's session", pair)
+	}
+	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }

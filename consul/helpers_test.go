@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -21,6 +19,13 @@ import (
 
 	"github.com/holdfast/holdfast/embedtest"
 )
+
+// cleanupBound bounds how long the session takes to remove what a failed
+// Lock or an unconfirmed Unlock left, once Consul is reachable again: the
+// attempt under way when Consul froze ends within core.AttemptTimeout (2 s)
+// and the next one follows after a pause of at most 1 s; with a paused (not
+// blackholed) proxy, the attempt under way usually completes at once.
+const cleanupBound = 3500 * time.Millisecond
 
 // shared is the agent most tests share (lock names are unique per test).
 var shared struct {
@@ -139,80 +144,16 @@ func countingClient(t testing.TB, a *embedtest.ConsulAgent) (*api.Client, *count
 	return c, cnt
 }
 
-// proxy is a TCP proxy to a Consul agent that can be switched to a
-// blackhole: it then keeps every connection open and forwards nothing, in
-// either direction, as a network partition would.
-type proxy struct {
-	ln       net.Listener
-	target   string
-	blackout atomic.Bool
-
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
-}
-
-func newProxy(t testing.TB, target string) *proxy {
+// proxied returns a fault proxy to the agent and a client that goes
+// through it.
+func proxied(t testing.TB, a *embedtest.ConsulAgent) (*embedtest.Proxy, *api.Client) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := embedtest.StartProxy(t, a.HTTPAddr)
+	c, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.Addr() })
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(up, c)
-		go p.pipe(c, up)
-	}
-}
-
-// pipe copies src to dst, dropping everything while blacked out.
-func (p *proxy) pipe(dst io.Writer, src io.Reader) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !p.blackout.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
+	return p, c
 }
 
 // isCtx reports whether err is a context error.

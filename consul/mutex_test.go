@@ -69,7 +69,7 @@ func TestAPILockInterop(t *testing.T) {
 		t.Fatalf("TryLock while api.Lock holds: %v, want ErrLocked", err)
 	}
 	type result struct {
-		g   holdfast.Grant
+		g   *Grant
 		err error
 		at  time.Time
 	}
@@ -192,7 +192,7 @@ func TestTakeover(t *testing.T) {
 			}
 			waiter := newSession(t, a.Client(t), WithLockDelay(0))
 			type result struct {
-				g   holdfast.Grant
+				g   *Grant
 				err error
 				at  time.Time
 			}
@@ -241,11 +241,7 @@ func TestPartitionedHolder(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	name := uniqueName(t)
-	p := newProxy(t, a.HTTPAddr)
-	hc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, hc := proxied(t, a)
 	const ttl = 10 * time.Second
 	holder := newSession(t, hc, WithTTL(ttl), WithLockDelay(0))
 	g, err := newMutex(t, holder, name).Lock(timeout(t, 5*time.Second))
@@ -260,7 +256,7 @@ func TestPartitionedHolder(t *testing.T) {
 
 	other := newSession(t, a.Client(t), WithTTL(ttl), WithLockDelay(0))
 	type result struct {
-		g   holdfast.Grant
+		g   *Grant
 		err error
 		at  time.Time
 	}
@@ -272,7 +268,7 @@ func TestPartitionedHolder(t *testing.T) {
 	waitFor(t, 5*time.Second, "other queued", func() bool { return len(keys(t, a.Client(t), name)) == 2 })
 
 	t0 := time.Now()
-	p.blackout.Store(true)
+	p.Blackhole()
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("other: %v", r.err)
@@ -293,10 +289,14 @@ func TestPartitionedHolder(t *testing.T) {
 	}
 	// Still partitioned: the late Unlock reports the loss, and times out on
 	// nothing.
+	t1 := time.Now()
 	if err := g.Unlock(timeout(t, time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("late Unlock: %v, want ErrNotHeld", err)
 	}
-	p.blackout.Store(false)
+	if d := time.Since(t1); d > 50*time.Millisecond {
+		t.Errorf("Unlock of a grant known to be lost took %v, want at once", d)
+	}
+	p.Mend()
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -492,14 +492,14 @@ func TestManyLocksOneSession(t *testing.T) {
 	s := newSession(t, c, WithLockDelay(0), WithSessionName(sname))
 	base := uniqueName(t)
 	const n = 300
-	var grants []holdfast.Grant
+	var grants []*Grant
 	for i := range n {
 		g, err := newMutex(t, s, base+"/"+strconv.Itoa(i)).Lock(timeout(t, 5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.(*Grant).Session() != s.ID() {
-			t.Fatalf("grant of session %s, want %s", g.(*Grant).Session(), s.ID())
+		if g.Session() != s.ID() {
+			t.Fatalf("grant of session %s, want %s", g.Session(), s.ID())
 		}
 		grants = append(grants, g)
 	}
@@ -562,7 +562,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		n0 := cnt.n.Load()
-		done := make(chan holdfast.Grant, 1)
+		done := make(chan *Grant, 1)
 		go func() {
 			g, err := m.Lock(timeout(t, 5*time.Second))
 			if err != nil {
@@ -575,7 +575,18 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		mine := <-done
-		t.Logf("contended (head of the queue), try %d: Lock %d requests", i, cnt.n.Load()-n0)
+		// Read, queue up, announce (the holder took the lock before we
+		// queued), learn the holder's lock-delay (first time only), block
+		// on the lock key; the holder hands the lock over.
+		n := cnt.n.Load() - n0
+		want := int64(4)
+		if i == 0 {
+			want = 5
+		}
+		t.Logf("contended (head of the queue), try %d: Lock %d requests", i, n)
+		if n != want {
+			t.Errorf("contended (head of the queue), try %d: Lock %d requests, want %d", i, n, want)
+		}
 		if mine != nil {
 			if err := mine.Unlock(timeout(t, 5*time.Second)); err != nil {
 				t.Fatal(err)
@@ -673,7 +684,7 @@ func TestDoubleUnlock(t *testing.T) {
 	if err := g1.Unlock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("second Unlock: %v, want ErrNotHeld", err)
 	}
-	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.(*Grant).Session() || pair.ModifyIndex != uint64(g2.Token()) {
+	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.Session() || pair.ModifyIndex != uint64(g2.Token()) {
 		t.Errorf("lock key after the second Unlock: %+v, %v; want held by the next holder", pair, err)
 	}
 	if err := g2.Unlock(timeout(t, 5*time.Second)); err != nil {
@@ -704,13 +715,15 @@ func TestWaiterSessionLost(t *testing.T) {
 	t0 := time.Now()
 	destroy(t, admin, ws.ID())
 	err = <-res
-	t.Logf("waiter returned %v after its session was destroyed: %v", time.Since(t0), err)
+	took := time.Since(t0)
+	t.Logf("waiter returned %v after its session was destroyed: %v", took, err)
+	if took > 100*time.Millisecond {
+		t.Errorf("waiter returned %v after its session was destroyed, want < 100 ms", took)
+	}
 	if !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("waiter: %v, want ErrSessionLost", err)
 	}
-	if ks := keys(t, admin, name); !slices.Equal(ks, []string{LockKey(name)}) {
-		t.Errorf("keys: %q, want the holder's only", ks)
-	}
+	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(keys(t, admin, name), []string{LockKey(name)}) })
 	if _, err := wm.Lock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("Lock on a lost session: %v, want ErrSessionLost", err)
 	}
@@ -719,10 +732,13 @@ func TestWaiterSessionLost(t *testing.T) {
 	}
 }
 
-// TestCleanupRetried: a waiter that gives up while Consul is unreachable
-// cannot remove its queue key; its session removes it after the next
-// renewal, so the queue behind it does not stall for good.
-func TestCleanupRetried(t *testing.T) {
+// TestCleanupWhenReachable: a waiter gives up while a partition drops its
+// traffic to Consul (the proxy blackholes it), so its queue key stays; its
+// Lock returns on time all the same. As soon as Consul is reachable again,
+// the session removes what the waiter left (its queue key, or the lock that
+// the holder handed to it meanwhile) within cleanupBound, and the contender
+// queued behind it gets the lock.
+func TestCleanupWhenReachable(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	admin := a.Client(t)
@@ -731,47 +747,46 @@ func TestCleanupRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newProxy(t, a.HTTPAddr)
-	wc, err := a.NewClient(func(cfg *api.Config) { cfg.Address = p.addr() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ttl = 30 * time.Second // renewals every 10 s, deadline 24 s
-	ws := newSession(t, wc, WithTTL(ttl), WithLockDelay(0))
+	p, wc := proxied(t, a)
+	ws := newSession(t, wc, WithLockDelay(0))
 	wctx, wcancel := context.WithCancel(context.Background())
 	defer wcancel()
-	res := make(chan error, 1)
-	go func() {
-		_, err := newMutex(t, ws, name).Lock(wctx)
-		res <- err
-	}()
-	qkey := name + queueInfix + ws.ID()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return slices.Contains(keys(t, admin, name), qkey) })
+	wm := newMutex(t, ws, name)
+	res := queueUp(t, admin, wm, wctx)
 
-	p.blackout.Store(true)
+	p.Blackhole()
+	t0 := time.Now()
 	wcancel()
-	if err := <-res; !errors.Is(err, context.Canceled) {
-		t.Fatalf("waiter: %v, want context.Canceled", err)
+	if r := receive(t, res, time.Second, "waiter"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("waiter: %v, want context.Canceled", r.err)
 	}
-	p.blackout.Store(false)
-	if !slices.Contains(keys(t, admin, name), qkey) {
+	if d := time.Since(t0); d > onTime {
+		t.Errorf("waiter returned %v after its context was cancelled, want < %v", d, onTime)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if !slices.Contains(keys(t, admin, name), wm.queueKey) {
 		t.Fatal("the waiter's queue key is gone although Consul was unreachable: the test proves nothing")
 	}
+	next := queueUp(t, admin, newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name), timeout(t, 30*time.Second))
 	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	// A new contender queues behind the stale key, and gets the lock once
-	// the waiter's session has removed it.
-	t0 := time.Now()
-	g, err := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name).Lock(timeout(t, ttl))
-	if err != nil {
-		t.Fatalf("contender behind a stale queue key: %v", err)
+	// The holder handed the lock to the waiter that gave up (its queue key
+	// was still there): the waiter's cleanup must release it.
+	t1 := time.Now()
+	p.Mend()
+	r := receive(t, next, cleanupBound, "contender behind the stale key")
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	t.Logf("stale queue key removed, next contender in after %v", time.Since(t0))
+	t.Logf("contender behind the stale key got the lock %v after the partition ended", time.Since(t1))
+	if slices.Contains(keys(t, admin, name), wm.queueKey) {
+		t.Errorf("stale queue key still there")
+	}
 	if ws.Err() != nil {
 		t.Errorf("waiter's session ended: %v", ws.Err())
 	}
-	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if ks := keys(t, admin, name); len(ks) != 0 {

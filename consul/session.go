@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -51,6 +54,12 @@ const (
 	maxPause = time.Second
 	// maxDelayCache bounds the cache of other sessions' lock-delays.
 	maxDelayCache = 1024
+	// maxCheckOps is the most keys one read of the held keys covers (see
+	// Session.checkKeys).
+	maxCheckOps = 64
+	// dialTimeout bounds the TCP connect and TLS handshake of a client
+	// made by Dial.
+	dialTimeout = 5 * time.Second
 )
 
 // blockTimeout is the client-side timeout of a blocking query with the given
@@ -179,34 +188,82 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 // Session does not come back after that: Close it (which gives its keys back
 // at once if Consul can still be reached) and create a new one.
 //
+// How fast a loss is noticed: a session destroyed or invalidated in Consul
+// is seen within milliseconds, through a blocking query on the session (one
+// per Session). A lock key deleted or taken over from outside while our
+// session held it (an operator's `consul kv delete`, say) is seen by the
+// check of held keys that follows every renewal, so within TTL/3 (5 s at the
+// default TTL), or at once when a guarded write (Grant.Txn) or an Unlock of
+// the session finds one of its keys gone. That check costs one read-only
+// transaction per 64 held keys per renewal, and no goroutine or connection
+// per grant. A write to a held lock key that keeps our session on it (a
+// "poke": a new value, as Consul's own lock tests do) does not end a grant.
+//
 // A Session is safe for concurrent use.
 type Session struct {
 	client *api.Client
+	owned  *http.Transport // the transport of a client made by Dial, else nil
 	id     string
 	cfg    sessionConfig
 	keeper *core.Keeper
 	bg     *core.Background
 	names  core.Names
 
-	stop  context.CancelFunc // stops the background goroutines
-	tasks sync.WaitGroup     // the background goroutines
+	stop     context.CancelFunc // stops the background goroutines
+	tasks    sync.WaitGroup     // the background goroutines
+	checkNow chan struct{}      // asks the renewal goroutine to check the held keys now
 
 	mu        sync.Mutex
 	closed    bool
 	ops       sync.WaitGroup           // acquisitions in progress
-	held      map[string]uint64        // lock key -> token, of grants held in Consul
+	held      map[string]*Grant        // by lock key: grants held in Consul
 	delays    map[string]time.Duration // lock-delay of other sessions, by ID
-	leftovers map[string]leftover      // by lock name: cleanups to retry
+	abandoned map[string]leftover      // by lock name: cleanups the session's end cut short
 
 	closeOnce sync.Once
 	closeErr  error
+}
+
+// Dial creates a Consul API client for the agent at addr ("host:port", or
+// a URL such as "https://host:8501"; "" means api.DefaultConfig's address:
+// $CONSUL_HTTP_ADDR, else 127.0.0.1:8500) and opens a session on it with
+// NewSession. The rest of the client's configuration (token, TLS) comes from
+// the environment as with api.DefaultConfig. The client belongs to the
+// session: Close closes its connections. Connecting and the TLS handshake
+// time out after 5 s; every request of the session is bounded by its own
+// context (non-blocking requests by 10 s at most), and ctx bounds the
+// creation of the session (at most 10 s as well). An unreachable agent is
+// reported at once with the connection error.
+func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	cfg := api.DefaultConfig()
+	if addr != "" {
+		cfg.Address = addr
+	}
+	tr := cleanhttp.DefaultPooledTransport()
+	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = dialTimeout
+	cfg.Transport = tr
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: holdfast/consul: client for %q: %w", holdfast.ErrInvalidArgument, addr, err)
+	}
+	s, err := openSession(ctx, client, tr, opts)
+	if err != nil {
+		tr.CloseIdleConnections()
+		return nil, err
+	}
+	return s, nil
 }
 
 // NewSession creates a Consul session through client and renews it until
 // Close, or until it is lost. ctx bounds only the creation. Options are
 // checked before any request; a nil client is an error wrapping
 // holdfast.ErrInvalidArgument, and an ACL refusal one wrapping
-// holdfast.ErrPermissionDenied.
+// holdfast.ErrPermissionDenied. The client stays the caller's: Close does not
+// close it.
 func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Consul client", holdfast.ErrInvalidArgument)
@@ -214,6 +271,10 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
+	return openSession(ctx, client, nil, opts)
+}
+
+func openSession(ctx context.Context, client *api.Client, owned *http.Transport, opts []SessionOption) (*Session, error) {
 	cfg, err := newSessionConfig(opts)
 	if err != nil {
 		return nil, err
@@ -243,12 +304,14 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 	}
 	s := &Session{
 		client:    client,
+		owned:     owned,
 		id:        out.ID,
 		cfg:       cfg,
 		keeper:    core.NewKeeper(sent, cfg.ttl, cfg.margin),
-		held:      make(map[string]uint64),
+		checkNow:  make(chan struct{}, 1),
+		held:      make(map[string]*Grant),
 		delays:    make(map[string]time.Duration),
-		leftovers: make(map[string]leftover),
+		abandoned: make(map[string]leftover),
 	}
 	s.bg = core.NewBackground(s.keeper.Context())
 	bctx, stop := context.WithCancel(context.Background())
@@ -267,9 +330,10 @@ func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOption
 // renew renews the session every TTL/3, and retries a failed renewal quickly
 // (50 ms, doubling up to 1 s) until the keeper's deadline ends the session;
 // each attempt times out at that deadline, or after requestTimeout. Each
-// acknowledged renewal moves the deadline to its send time + TTL - margin.
-// An answer that the session does not exist ends it at once. After a
-// renewal, cleanups that failed earlier are retried (for at most TTL/6).
+// acknowledged renewal moves the deadline to its send time + TTL - margin,
+// and is followed by a check of the held keys (see checkKeys), which also
+// runs when asked through checkNow. An answer that the session does not
+// exist ends it at once.
 func (s *Session) renew(ctx context.Context) {
 	defer s.tasks.Done()
 	period := s.cfg.ttl / 3
@@ -282,6 +346,9 @@ func (s *Session) renew(ctx context.Context) {
 			return
 		case <-s.keeper.Context().Done():
 			return
+		case <-s.checkNow:
+			s.checkKeys(ctx, period/2)
+			continue
 		case <-timer.C:
 		}
 		sent := time.Now()
@@ -296,12 +363,10 @@ func (s *Session) renew(ctx context.Context) {
 		case err == nil:
 			s.keeper.Renewed(sent, ttl, s.cfg.margin)
 			pause = minPause
-			lctx, cancel := context.WithTimeout(ctx, period/2) // never delays the next renewal
-			s.retryLeftovers(lctx)
-			cancel()
+			s.checkKeys(ctx, period/2) // never delays the next renewal
 			timer.Reset(period - time.Since(sent))
 		case errors.Is(err, errSessionGone):
-			s.keeper.End(fmt.Errorf("%w: consul session %s: renewal answered: %w", holdfast.ErrSessionLost, s.id, err))
+			s.keeper.End(sessionLost(s.id, "does not exist any more (renewal answered 404)"))
 			return
 		default:
 			timer.Reset(pause)
@@ -330,6 +395,49 @@ func (s *Session) renewOnce(ctx context.Context) (time.Duration, error) {
 	return ttl, nil
 }
 
+// checkSoon asks for a check of the held keys now (after a guarded write or
+// an Unlock found a key of ours gone), without waiting for it.
+func (s *Session) checkSoon() {
+	select {
+	case s.checkNow <- struct{}{}:
+	default:
+	}
+}
+
+// checkKeys reads every lock key the session holds a grant on, 64 to a
+// read-only transaction, and ends the grants whose key our session no longer
+// holds (deleted, or taken over by another session, from outside) with a
+// cause wrapping holdfast.ErrLost. Errors are ignored: the next check, or
+// the keeper's deadline, covers them. It takes at most limit.
+func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
+	if mutant.On("consul/key-check") {
+		return
+	}
+	s.mu.Lock()
+	grants := slices.Collect(maps.Values(s.held))
+	s.mu.Unlock()
+	if len(grants) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for batch := range slices.Chunk(grants, maxCheckOps) {
+		ops := make(api.TxnOps, len(batch))
+		for i, g := range batch {
+			ops[i] = kvOp(api.KVGetOrEmpty, g.Key())
+		}
+		resp, err := s.txn(ctx, ops)
+		if err != nil || len(resp.Results) != len(batch) {
+			return
+		}
+		for i, g := range batch {
+			if e := resp.Results[i].KV; e != nil && e.Key == g.Key() && e.Session != s.id {
+				g.lose(e)
+			}
+		}
+	}
+}
+
 // watch follows the session with a blocking query, so that a session
 // destroyed or invalidated in Consul ends at once here, rather than at the
 // next renewal. Errors never end the session (the keeper's deadline does
@@ -337,6 +445,9 @@ func (s *Session) renewOnce(ctx context.Context) (time.Duration, error) {
 // session:read, say) stops the watch, leaving the renewals alone in charge.
 func (s *Session) watch(ctx context.Context) {
 	defer s.tasks.Done()
+	if mutant.On("consul/session-watch") {
+		return
+	}
 	var index uint64
 	pause := minPause
 	for ctx.Err() == nil && s.keeper.Err() == nil {
@@ -354,7 +465,7 @@ func (s *Session) watch(ctx context.Context) {
 		}
 		pause = minPause
 		if entry == nil {
-			s.keeper.End(fmt.Errorf("%w: consul session %s was destroyed or invalidated", holdfast.ErrSessionLost, s.id))
+			s.keeper.End(sessionLost(s.id, "was destroyed or invalidated"))
 			return
 		}
 		index = meta.LastIndex
@@ -397,12 +508,14 @@ func (s *Session) Context() context.Context { return s.keeper.Context() }
 func (s *Session) Err() error { return s.keeper.Err() }
 
 // Close stops the renewals, cancels every grant of the session (cause
-// wrapping holdfast.ErrLost and holdfast.ErrSessionClosed), waits for
-// acquisitions in progress to clean up, releases the locks the session still
-// holds in Consul (so that no lock-delay applies to them) and destroys the
-// session. It is idempotent; later use of the session fails with
-// holdfast.ErrSessionClosed. If a request fails, Consul still invalidates
-// the session on its own within 2 x TTL.
+// wrapping holdfast.ErrLost and holdfast.ErrSessionClosed), stops the
+// acquisitions in progress and the background cleanups, releases the locks
+// the session still holds in Consul and removes what failed acquisitions
+// left (so that no lock-delay applies to those keys), destroys the session,
+// and closes the client's connections if Dial made it. It is idempotent;
+// later use of the session fails with holdfast.ErrSessionClosed. Its
+// requests are bounded by 10 s; if one fails, Consul still invalidates the
+// session on its own within 2 x TTL.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.close() })
 	return s.closeErr
@@ -421,22 +534,30 @@ func (s *Session) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	s.mu.Lock()
-	held := maps.Clone(s.held)
+	held := slices.Collect(maps.Values(s.held))
+	left := slices.Collect(maps.Values(s.abandoned))
 	s.mu.Unlock()
 	var errs []error
-	s.retryLeftovers(ctx)
-	for key, token := range held {
-		if err := s.release(ctx, key, token); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+	for _, g := range held {
+		if err := s.releaseKey(ctx, g.Key()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+			errs = append(errs, err)
+		}
+	}
+	for _, l := range left {
+		if err := s.clean(ctx, l); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if _, err := s.client.Session().Destroy(s.id, writeOpts(ctx)); err != nil {
 		errs = append(errs, apiError("destroy session "+s.id, err))
 	}
+	if s.owned != nil {
+		s.owned.CloseIdleConnections()
+	}
 	return errors.Join(errs...)
 }
 
-// begin registers an acquisition, so that Close waits for it to clean up.
+// begin registers an acquisition, so that Close waits for it to stop.
 func (s *Session) begin() (end func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -472,42 +593,27 @@ func (s *Session) bind(ctx context.Context) (context.Context, context.CancelFunc
 	}
 }
 
-// hold records that the session holds key in Consul with token.
-func (s *Session) hold(key string, token uint64) {
+// hold records that g holds its lock key in Consul.
+func (s *Session) hold(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.held[key] = token
+	s.held[g.Key()] = g
 }
 
-// release deletes key if the session still holds it with token: the guarded
-// delete behind Unlock. It returns an error wrapping holdfast.ErrNotHeld if
-// the guard fails.
-func (s *Session) release(ctx context.Context, key string, token uint64) error {
-	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: key, Session: s.id}},
-		{KV: &api.KVTxnOp{Verb: api.KVDeleteCAS, Key: key, Index: token}},
-	}
-	_, err := s.txn(ctx, ops)
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && rb.denied():
-		return txnError("unlock "+key, rb)
-	case rb != nil:
-		err = fmt.Errorf("%w: %s is no longer held by session %s with index %d", holdfast.ErrNotHeld, key, s.id, token)
-	case err != nil:
-		return err
-	}
-	s.forget(key, token)
-	return err
-}
-
-// forget records that the session no longer holds key with token.
-func (s *Session) forget(key string, token uint64) {
+// forget records that g no longer holds its lock key.
+func (s *Session) forget(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[key] == token {
-		delete(s.held, key)
+	if s.held[g.Key()] == g {
+		delete(s.held, g.Key())
 	}
+}
+
+// ended ends the session after Consul said, in answer to a request, that it
+// does not exist, and returns the session's cause.
+func (s *Session) ended() error {
+	s.keeper.End(sessionLost(s.id, "no longer exists"))
+	return s.keeper.Err()
 }
 
 // lockDelayOf returns the lock-delay of another session, if it can be
@@ -532,92 +638,4 @@ func (s *Session) lockDelayOf(ctx context.Context, id string) (time.Duration, bo
 	}
 	s.delays[id] = entry.LockDelay
 	return entry.LockDelay, true
-}
-
-// leftover is what a failed acquisition could not clean up: its queue key,
-// and the lock key if an acquire of unknown outcome may have taken it, or a
-// holder may have handed it to us while we queued.
-type leftover struct {
-	name, lockKey, queueKey string
-	queued, uncertain       bool
-}
-
-// clean removes a leftover: our queue key (named after our session) if we
-// queued, and the lock key if our session holds it (an acquire of unknown
-// outcome took it, or a holder handed it to us). The caller must hold the
-// name in s.names, so that no grant or acquisition of ours uses these keys.
-// The queue key is deleted in the transaction that reads the lock key: once
-// it is gone no holder can hand us the lock, so a handoff to us is either
-// seen here or never happens.
-func (s *Session) clean(ctx context.Context, l leftover) error {
-	var ops api.TxnOps
-	if l.queued {
-		ops = append(ops, kvOp(api.KVDelete, l.queueKey))
-	}
-	ops = append(ops, kvOp(api.KVGetOrEmpty, l.lockKey))
-	resp, err := s.txn(ctx, ops)
-	if err != nil {
-		return err
-	}
-	for _, r := range resp.Results {
-		if e := r.KV; e != nil && e.Key == l.lockKey && e.Session == s.id {
-			if err := s.release(ctx, l.lockKey, e.ModifyIndex); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// cleanLeftover cleans the leftover of name, if there is one. The caller
-// must hold the name in s.names.
-func (s *Session) cleanLeftover(ctx context.Context, name string) error {
-	s.mu.Lock()
-	l, ok := s.leftovers[name]
-	s.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-	defer cancel()
-	if err := s.clean(cctx, l); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	delete(s.leftovers, name)
-	s.mu.Unlock()
-	return nil
-}
-
-// addLeftover records a cleanup to retry.
-func (s *Session) addLeftover(l leftover) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.leftovers[l.name]; ok {
-		l.queued = l.queued || old.queued
-		l.uncertain = l.uncertain || old.uncertain
-	}
-	s.leftovers[l.name] = l
-}
-
-// retryLeftovers retries the recorded cleanups of names that no acquisition
-// or grant of this session uses at the moment.
-func (s *Session) retryLeftovers(ctx context.Context) {
-	s.mu.Lock()
-	ls := slices.Collect(maps.Values(s.leftovers))
-	s.mu.Unlock()
-	for _, l := range ls {
-		free, ok := s.names.TryAcquire(l.name)
-		if !ok {
-			continue // in use: try again after the next renewal
-		}
-		cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-		if s.clean(cctx, l) == nil {
-			s.mu.Lock()
-			delete(s.leftovers, l.name)
-			s.mu.Unlock()
-		}
-		cancel()
-		free()
-	}
 }

@@ -3,6 +3,10 @@ package consul
 import (
 	"context"
 	"errors"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +123,141 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSessionDestroyedNoticed: a session destroyed in Consul ends its grants
+// in under 100 ms (through the blocking query on the session; renewals
+// alone would take up to TTL/3), in each of 3 trials.
+func TestSessionDestroyedNoticed(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	for trial := range 3 {
+		s := newSession(t, a.Client(t), WithLockDelay(0))
+		g, err := newMutex(t, s, uniqueName(t)).Lock(timeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the watch's blocking query is in place
+		t0 := time.Now()
+		destroy(t, admin, s.ID())
+		select {
+		case <-g.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("trial %d: grant live 5 s after its session was destroyed", trial)
+		}
+		d := time.Since(t0)
+		t.Logf("trial %d: destroyed session noticed in %v", trial, d)
+		if d > 100*time.Millisecond {
+			t.Errorf("trial %d: destroyed session noticed in %v, want < 100 ms", trial, d)
+		}
+		if cause := context.Cause(g.Context()); !errors.Is(cause, holdfast.ErrSessionLost) {
+			t.Errorf("trial %d: cause %v, want ErrSessionLost", trial, cause)
+		}
+	}
+}
+
+// TestMemoryPerGrant: 1,000 grants held through one session cost no
+// goroutine and at most 2 KiB each on the client (heap after GC, Mutex and
+// Grant together).
+func TestMemoryPerGrant(t *testing.T) {
+	// Not parallel: it measures the process's heap.
+	a := agent(t)
+	c := a.Client(t)
+	s := newSession(t, c, WithLockDelay(0), WithTTL(time.Hour))
+	base := uniqueName(t)
+	const n = 1000
+	names := make([]string, n)
+	for i := range names {
+		names[i] = base + "/" + strconv.Itoa(i)
+	}
+	// Warm up: connection pool, caches.
+	g, err := newMutex(t, s, base+"-warm").Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := timeout(t, time.Minute) // one context: each timeout(t, ...) stays until the test ends
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	g0 := runtime.NumGoroutine()
+	grants := make([]*Grant, n)
+	for i, name := range names {
+		m, err := NewMutex(s, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if grants[i], err = m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	g1 := runtime.NumGoroutine()
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+	t.Logf("%d grants on one session: %.0f bytes of heap per grant (Mutex + Grant), %d goroutines more", n, per, g1-g0)
+	if per > 2048 {
+		t.Errorf("%.0f bytes per grant, want at most 2048", per)
+	}
+	if g1-g0 > 2 { // an HTTP connection of the pool may come or go
+		t.Errorf("%d goroutines more for %d grants, want none per grant", g1-g0, n)
+	}
+	s.checkKeys(context.Background(), 10*time.Second) // 16 transactions of 64 reads
+	for i, g := range grants {
+		if g.Context().Err() != nil {
+			t.Fatalf("grant %d ended by the key check: %v", i, context.Cause(g.Context()))
+		}
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDial: Dial opens a session on a client of its own, and Close closes
+// its connections; an unreachable agent is reported at once.
+func TestDial(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	s, err := Dial(timeout(t, 5*time.Second), a.HTTPAddr, WithLockDelay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Client() == nil || s.TTL() != DefaultTTL || s.LockDelay() != 0 {
+		t.Errorf("Dial's session: client %v, TTL %v, lock-delay %v; want a client, %v, 0", s.Client(), s.TTL(), s.LockDelay(), DefaultTTL)
+	}
+	name := uniqueName(t)
+	m := newMutex(t, s, name)
+	if m.Name() != name {
+		t.Errorf("Name() = %q, want %q", m.Name(), name)
+	}
+	g, err := m.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	var derr error
+	d := elapsed(func() { _, derr = Dial(context.Background(), dead) })
+	t.Logf("Dial of a closed port: %v after %v", derr, d)
+	if derr == nil || !strings.Contains(derr.Error(), "refused") || d > time.Second {
+		t.Errorf("Dial of a closed port: %v after %v; want connection refused at once", derr, d)
+	}
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
+	if _, err := Dial(nil, a.HTTPAddr); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("Dial(nil): %v", err)
 	}
 }

@@ -43,11 +43,10 @@ func TestGuardedTxn(t *testing.T) {
 	})
 	s := newSession(t, a.Client(t), WithLockDelay(0))
 	m := newMutex(t, s, name)
-	hg, err := m.Lock(timeout(t, 5*time.Second))
+	g, err := m.Lock(timeout(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := hg.(*Grant)
 	ctx := timeout(t, 10*time.Second)
 
 	// Held: applied, and the results are those of our operations.
@@ -100,11 +99,10 @@ func TestGuardedTxn(t *testing.T) {
 	}
 
 	// A new grant; its session is destroyed.
-	hg, err = m.Lock(ctx)
+	g, err = m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g = hg.(*Grant)
 	if _, err := g.Txn(ctx, api.TxnOps{setOp(data, "v4")}); err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 
 	// holdfast waits its turn now, and gets the lock when api.Lock unlocks.
 	type result struct {
-		g   holdfast.Grant
+		g   *consul.Grant
 		err error
 	}
 	got := make(chan result, 1)
@@ -127,7 +127,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	if r.err != nil {
 		return r.err
 	}
-	g2 := r.g.(*consul.Grant)
+	g2 := r.g
 	say("holdfast: locked again (token T2 = %d; T2 > T1: %v)", g2.Token(), g2.Token() > g1.Token())
 
 	// A guarded write: Consul applies it only while this grant holds the lock.

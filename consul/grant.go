@@ -1,0 +1,302 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/mutant"
+)
+
+// Grant is a held Consul lock. It implements holdfast.Grant.
+//
+// A Consul grant is "our session holds the lock key": it lasts while the
+// key "<name>/.lock" has our session (Consul's Session field), from the write
+// that acquired it until Unlock or a loss. Within one session, only one grant
+// of a name exists at a time (the session frees the name only after the
+// grant's release reached Consul), so the session alone identifies the
+// grant. Accordingly:
+//
+//   - Unlock, and the handoff to the next waiter, are guarded by a
+//     check-session of the lock key, not by its index;
+//   - a write to the key that keeps our session (a "poke" such as Consul's
+//     own lock tests make, KV().Put of the pair with a new value) does not
+//     end the grant, and Unlock still frees the key;
+//   - the key's flags are not part of the guard (Consul's transactions
+//     cannot check them, and api.Lock's monitor does not either); a lock
+//     key found with other flags is refused by the next Lock, with
+//     holdfast.ErrConflict;
+//   - the grant is lost when the session ends, or when the key is deleted or
+//     taken over by another session from outside; the session notices that
+//     within TTL/3 (see Session).
+//
+// The token is the ModifyIndex of the write that acquired the key (a Raft
+// index, so tokens of successive grants strictly increase); it does not
+// change when the key is poked.
+type Grant struct {
+	base *core.Grant // key, token, context, reentrancy, release
+	m    *Mutex
+
+	// Used only by the release, which runs once, in one goroutine: whom to
+	// hand the lock to (up to two waiters, in queue order), and the lock
+	// key's ModifyIndex as we last saw it.
+	next  []waiter
+	index uint64
+}
+
+var _ holdfast.Grant = (*Grant)(nil)
+
+// Key implements holdfast.Grant: the lock key, "<name>/.lock".
+func (g *Grant) Key() string { return g.base.Key() }
+
+// Token implements holdfast.Grant.
+func (g *Grant) Token() holdfast.Token { return g.base.Token() }
+
+// Context implements holdfast.Grant.
+func (g *Grant) Context() context.Context { return g.base.Context() }
+
+// Deadline implements holdfast.Grant.
+func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
+
+// Unlock implements holdfast.Grant. When holdfast waiters queue, it hands the
+// lock directly to the head of the queue (whenever that waiter queued), in
+// one transaction; otherwise it deletes the lock key. Either way the write is
+// guarded by our session holding the key, and costs one request when the
+// grant knows the head of the queue or nobody waits, and two more when a
+// waiter queued after the lock was acquired, or the key was poked.
+func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
+
+// Session returns the ID of the Consul session that holds the grant.
+func (g *Grant) Session() string { return g.m.s.id }
+
+// Guard returns the operation that succeeds exactly while this grant is
+// held: a check-session of the lock key on our session. Put it first in
+// your own /v1/txn transactions; Txn does it for you.
+func (g *Grant) Guard() api.TxnOps {
+	return api.TxnOps{checkSession(g.Key(), g.m.s.id)}
+}
+
+// Txn runs ops in one Consul transaction (/v1/txn) that applies only while
+// the grant is held, checked by Consul in the same transaction (see Guard).
+//
+// ops must not touch the lock's own keys (anything under "<name>/": the
+// lock key and the queue), nor delete a tree that holds them: such ops
+// (even reads) are refused with an error wrapping
+// holdfast.ErrInvalidArgument before any request, as are an empty list, more
+// than MaxTxnOps-1 ops, and nil ops.
+//
+// If the grant was released or lost, locally or in Consul, nothing is
+// applied and the error wraps holdfast.ErrNotHeld (a guard that fails in
+// Consul also ends the grant, and makes the session check its other keys).
+// If one of ops fails (a cas on a stale index, say), nothing is applied
+// either: the error describes the failures, and the response is returned
+// too, with the indexes in its Errors counted in ops. On success the
+// response's Results are those of ops (the guard's is removed). An ACL
+// refusal is an error wrapping holdfast.ErrPermissionDenied. If the request
+// itself fails (a network error, or ctx or the 10 s client-side timeout ends
+// first), the transaction may or may not have been applied, as with any
+// Consul write.
+func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := g.checkOps(ops); err != nil {
+		return nil, err
+	}
+	if !g.base.Held() {
+		return nil, g.base.NotHeld()
+	}
+	guard := api.TxnOps{}
+	if !mutant.On("consul/txn-check-session") {
+		guard = g.Guard()
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := g.m.s.txn(ctx, append(guard, ops...))
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
+		if rb.denied() {
+			return nil, txnError("guarded transaction on "+g.Key(), rb)
+		}
+		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.Key(), g.m.s.id))
+		g.m.s.checkSoon()
+		return nil, g.base.NotHeld()
+	case rb != nil:
+		for _, e := range resp.Errors {
+			e.OpIndex -= len(guard)
+		}
+		return resp, txnError("guarded transaction on "+g.Key(), rb)
+	case err != nil:
+		return nil, err
+	}
+	if len(resp.Results) >= len(guard) {
+		resp.Results = resp.Results[len(guard):]
+	}
+	return resp, nil
+}
+
+// checkOps refuses what Txn must not send (see Txn).
+func (g *Grant) checkOps(ops api.TxnOps) error {
+	if len(ops) == 0 || len(ops)+1 > MaxTxnOps {
+		return fmt.Errorf("%w: %d operations; a guarded transaction takes 1 to %d", holdfast.ErrInvalidArgument, len(ops), MaxTxnOps-1)
+	}
+	for i, op := range ops {
+		switch {
+		case op == nil:
+			return fmt.Errorf("%w: operation %d is nil", holdfast.ErrInvalidArgument, i)
+		case op.KV != nil && strings.HasPrefix(op.KV.Key, g.m.prefix):
+			return fmt.Errorf("%w: operation %d (%s %s) touches the lock's own keys, under %s", holdfast.ErrInvalidArgument, i, op.KV.Verb, op.KV.Key, g.m.prefix)
+		case op.KV != nil && op.KV.Verb == api.KVDeleteTree && strings.HasPrefix(g.m.prefix, op.KV.Key):
+			return fmt.Errorf("%w: operation %d deletes the tree %q, which holds the lock's own keys", holdfast.ErrInvalidArgument, i, op.KV.Key)
+		}
+	}
+	return nil
+}
+
+// lose ends the grant after the check of held keys found its key e (never
+// nil: get-or-empty) not held by our session.
+func (g *Grant) lose(e *api.KVPair) {
+	why := "deleted"
+	switch {
+	case e.Session != "":
+		why = "taken over by session " + e.Session
+	case e.ModifyIndex != 0:
+		why = "released"
+	}
+	g.base.Lose(fmt.Errorf("%w: %s was %s from outside", holdfast.ErrLost, g.Key(), why))
+}
+
+// errStale means that the lock key or the waiter we meant to hand it to
+// changed since we last read them: read the queue again.
+var errStale = errors.New("the lock key or its next waiter changed")
+
+// release ends the grant in Consul; the session runs it in the background
+// (see core.Grant), retried on transport errors while the session lives.
+// After Unlock it hands the lock over (see handOver) or deletes the key,
+// reading the queue first if the key changed since we acquired it (a waiter
+// announced itself) or the waiter we knew gave up; after a loss it deletes
+// the key if our session still holds it (see Session.releaseKey).
+func (g *Grant) release(ctx context.Context) error {
+	s := g.m.s
+	var err error
+	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		err = g.handOver(ctx)
+		for i := 0; i < 3 && errors.Is(err, errStale); i++ {
+			if err = g.refresh(ctx); err == nil {
+				err = g.handOver(ctx)
+			}
+		}
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			s.checkSoon()
+		}
+	} else {
+		err = s.releaseKey(ctx, g.Key())
+	}
+	if err == nil || core.Final(err) {
+		s.forget(g)
+	}
+	return err // errStale three times over: retried
+}
+
+// handOver, the write behind Unlock, hands the lock to the first waiter we
+// know of, or deletes the key if we know of none, in one transaction:
+//
+//   - with a waiter w: [check-session of the lock key on our session,
+//     unlock it, lock it for w's session with the value naming the waiter
+//     after w, check-session of w's queue key on w's session, delete-cas of
+//     w's queue key at the index we saw]: w's acquisition sees the key held
+//     by its session and takes the grant, with the ModifyIndex of this write
+//     as its token;
+//   - with none: [check-session, check-index of the lock key at g.index
+//     (our token, unless we have read the key since), delete it]: a waiter
+//     that queued after we acquired the key has announced itself with a
+//     write to the key (see acquisition.announce), so the check fails then.
+//
+// A failed check-session is an error wrapping holdfast.ErrNotHeld; any
+// other failed check is errStale.
+func (g *Grant) handOver(ctx context.Context) error {
+	s, key := g.m.s, g.Key()
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(key, s.id))
+	}
+	held := len(ops) // ops before this index check that we hold the key
+	if len(g.next) == 0 {
+		ops = append(ops, checkIndex(key, g.index), kvOp(api.KVDelete, key))
+	} else {
+		w := g.next[0]
+		ops = append(ops,
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
+			lockOp(key, w.session, nextValue(g.next[1:])))
+		if mutant.On("consul/handoff-check-next") {
+			ops = append(ops, kvOp(api.KVDelete, w.key))
+		} else {
+			ops = append(ops, checkSession(w.key, w.session), deleteCAS(w.key, w.index))
+		}
+	}
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("unlock "+key, rb)
+	case rb != nil && (rb.failedBefore(held) || len(g.next) > 0 && rb.failed(held)):
+		// Our check-session, or the unlock (which checks our session too).
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, s.id)
+	case rb != nil:
+		return errStale
+	default:
+		return err
+	}
+}
+
+// refresh reads the lock key and the queue: whom to hand the lock to now,
+// and the key's current index. It returns an error wrapping
+// holdfast.ErrNotHeld if our session no longer holds the key.
+func (g *Grant) refresh(ctx context.Context) error {
+	m := g.m
+	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	v := m.parse(resp.Results)
+	if v.lock == nil || v.lock.Session != m.s.id {
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+	}
+	g.index = v.lock.ModifyIndex
+	g.next = m.successors(v.queue)
+	return nil
+}
+
+// releaseKey deletes key if our session holds it: [check-session, delete].
+// It releases what the session holds outside any live grant: the key of a
+// lost grant, of a failed acquisition, and on Close. It returns an error
+// wrapping holdfast.ErrNotHeld if the check fails.
+func (s *Session) releaseKey(ctx context.Context, key string) error {
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(key, s.id))
+	}
+	ops = append(ops, kvOp(api.KVDelete, key))
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("release "+key, rb)
+	case rb != nil:
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, s.id)
+	}
+	return err
+}

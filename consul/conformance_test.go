@@ -1,37 +1,85 @@
 package consul
 
 import (
+	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
+
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
+	"github.com/holdfast/holdfast/embedtest"
 )
 
 // conformanceTTL is the session TTL of the conformance harness.
 const conformanceTTL = 10 * time.Second
 
+// countingTransport counts the requests that are not blocking queries.
+type countingTransport struct {
+	n    atomic.Int64
+	next http.RoundTripper
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if !strings.Contains(r.URL.RawQuery, "index=") {
+		c.n.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
 // TestConformance runs the shared suite: each Locker has a session of its
-// own (TTL 10 s, lock-delay 0) on a client of its own, and kill destroys that
-// session through another client, as Consul does when it invalidates one.
+// own (TTL 10 s, lock-delay 0) on a client of its own, connected through a
+// fault proxy; Kill destroys the session through another client, as Consul
+// does when it invalidates one.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	admin := a.Client(t)
 	conformance.Run(t, conformance.Backend{
-		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, func()) {
-			s := newSession(t, a.Client(t), WithTTL(conformanceTTL), WithLockDelay(0))
+		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
+			p := embedtest.StartProxy(t, a.HTTPAddr)
+			base := cleanhttp.DefaultPooledTransport()
+			t.Cleanup(base.CloseIdleConnections)
+			tr := &countingTransport{next: base}
+			cli, err := a.NewClient(func(cfg *api.Config) {
+				cfg.Address = p.Addr()
+				cfg.HttpClient = &http.Client{Transport: tr}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newSession(t, cli, WithTTL(conformanceTTL), WithLockDelay(0))
 			m, err := NewMutex(s, name, opts...)
 			if err != nil {
 				t.Fatalf("NewMutex(%q): %v", name, err)
 			}
-			return holdfast.AsLocker[*Grant](m), func() { destroy(t, admin, s.ID()) }
+			return holdfast.AsLocker[*Grant](m), conformance.Faults{
+				Kill:     func() { destroy(t, admin, s.ID()) },
+				Cut:      p.Blackhole,
+				Freeze:   p.Pause,
+				Mend:     p.Mend,
+				Close:    func() { s.Close() },
+				Requests: tr.n.Load,
+			}
 		},
 		Keys: func(t *testing.T, name string) []string { return keys(t, admin, name) },
-		// A destroyed session is noticed through the session watch within
-		// milliseconds (TestSessionDestroyedNoticed asserts < 100 ms); the
-		// renewals alone would take up to TTL/3 (3.3 s), so this bound
-		// fails without the watch.
-		LossNotice: time.Second,
+		Delete: func(t *testing.T, key string) {
+			if _, err := admin.KV().Delete(key, nil); err != nil {
+				t.Fatalf("delete %s: %v", key, err)
+			}
+		},
+		TTL:    conformanceTTL,
+		Margin: conformanceTTL / 5,
+		// A destroyed session is seen through the session watch at once; a
+		// deleted key at the check of held keys after the next renewal:
+		// TTL/3, plus slack.
+		LossNotice: conformanceTTL/3 + time.Second,
+		// A session cut off is invalidated by Consul up to 2 x TTL after its
+		// last renewal.
+		OpTimeout: 2*conformanceTTL + 15*time.Second,
 	})
 }

@@ -19,11 +19,11 @@ etcd/release-guard|./etcd/|TestReleaseGuard
 etcd/txn-guard|./etcd/|TestGuardedTxn
 etcd/recheck-own-key|./etcd/|TestConformanceOneNode/ContextWhileWaiting|TestWaiter
 etcd/watch-now|./etcd/|TestHandoffNoStall
-consul/release-check-session|./consul/|TestConformance/DeletedKey|TestStale
+consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
-consul/handoff-check-next|./consul/|TestHandoff
-consul/session-watch|./consul/|TestSessionDestroyedNotice
-consul/key-check|./consul/|TestConformance/DeletedKey|TestKeyDeleted
+consul/handoff-check-next|./consul/|TestHandoffSkipsWaiterThatLeft|TestHandoffCancelRace
+consul/session-watch|./consul/|TestSessionDestroyedNoticed|TestConformance/LossNotice
+consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestStaleUnlockSameSession
 '
 
 want=("$@")

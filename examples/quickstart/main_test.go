@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -28,15 +27,20 @@ func TestReadmeShowsThisCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sections := regexp.MustCompile(`(?s)// README: (\w+)\n(.*?)\n// README: `).FindAllSubmatch(src, -1)
-	if len(sections) < 3 {
-		t.Fatalf("found %d README sections in main.go, want 3", len(sections))
-	}
-	for _, sec := range sections {
-		code := strings.TrimSpace(string(sec[2]))
-		if !strings.Contains(string(readme), code) {
-			t.Errorf("README.md does not show the %q section of examples/quickstart/main.go as written:\n%s", sec[1], code)
+	parts := strings.Split(string(src), "// README: ")
+	n := 0
+	for _, part := range parts[1:] {
+		name, code, _ := strings.Cut(part, "\n")
+		if name == "end" {
+			continue
 		}
+		n++
+		if code = strings.TrimSpace(code); !strings.Contains(string(readme), code) {
+			t.Errorf("README.md does not show the %q section of examples/quickstart/main.go as written:\n%s", name, code)
+		}
+	}
+	if n != 3 {
+		t.Fatalf("found %d README sections in main.go, want 3", n)
 	}
 }
 

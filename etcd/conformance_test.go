@@ -30,7 +30,7 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 					t.Errorf("revoke lease: %v", err)
 				}
 			}
-			return m, kill
+			return holdfast.AsLocker[*etcd.Grant](m), kill
 		},
 		Keys: func(t *testing.T, name string) []string {
 			cli := c.Client(t)

@@ -43,7 +43,7 @@ func ExampleMutex_Lock() {
 		log.Fatal(err)
 	}
 	defer s.Close()
-	m, err := etcd.NewMutex(s, "/locks/nightly-report")
+	m, err := etcd.NewMutex(s, "locks/nightly-report")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -74,19 +74,19 @@ func ExampleGrant_Txn() {
 		log.Fatal(err)
 	}
 	defer s.Close()
-	m, _ := etcd.NewMutex(s, "/locks/config")
+	m, _ := etcd.NewMutex(s, "locks/config")
 	g, err := m.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	eg := g.(*etcd.Grant)
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/config/leader", "me")); err != nil {
+	eg := g
+	if _, err := eg.Txn(ctx, clientv3.OpPut("config/leader", "me")); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("write while held: ok")
 
 	_ = g.Unlock(ctx)
-	_, err = eg.Txn(ctx, clientv3.OpPut("/config/leader", "stale"))
+	_, err = eg.Txn(ctx, clientv3.OpPut("config/leader", "stale"))
 	fmt.Println("write after unlock refused:", errors.Is(err, holdfast.ErrNotHeld))
 	// Output:
 	// write while held: ok
@@ -103,8 +103,8 @@ func ExampleMutex_TryLock() {
 	defer s1.Close()
 	s2, _ := etcd.NewSession(ctx, cli)
 	defer s2.Close()
-	m1, _ := etcd.NewMutex(s1, "/locks/once")
-	m2, _ := etcd.NewMutex(s2, "/locks/once")
+	m1, _ := etcd.NewMutex(s1, "locks/once")
+	m2, _ := etcd.NewMutex(s2, "locks/once")
 
 	g, err := m1.TryLock(ctx)
 	fmt.Println("first:", err)

@@ -69,12 +69,12 @@ func TestPartitionedHolderToldFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hs.Close()
-	hm, _ := etcd.NewMutex(hs, "/partition")
+	hm, _ := etcd.NewMutex(hs, "partition")
 	g, err := hm.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wm := newMutex(t, newSession(t, c, etcd.WithTTL(3*time.Second)), "/partition")
+	wm := newMutex(t, newSession(t, c, etcd.WithTTL(3*time.Second)), "partition")
 
 	toldFirst(t, g, wm, 15*time.Second, func() {
 		p.BlackholeTx()
@@ -126,8 +126,8 @@ func toldFirst(t *testing.T, g holdfast.Grant, waiter *etcd.Mutex, timeout time.
 func TestClusterLeaderFailover(t *testing.T) {
 	c := embedtest.EtcdCluster(t, 3)
 	ctx := context.Background()
-	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/failover")
-	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/failover")
+	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "failover")
+	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "failover")
 	ga, err := a.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	}
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := ga.(*etcd.Grant).Txn(tctx, clientv3.OpPut("/failover-data", "a")); err != nil {
+	if _, err := ga.Txn(tctx, clientv3.OpPut("failover-data", "a")); err != nil {
 		t.Fatalf("guarded write after failover: %v", err)
 	}
 	select {
@@ -204,7 +204,7 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hs.Close()
-	hm, _ := etcd.NewMutex(hs, "/isolated")
+	hm, _ := etcd.NewMutex(hs, "isolated")
 	g, err := hm.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	wm, _ := etcd.NewMutex(ws, "/isolated")
+	wm, _ := etcd.NewMutex(ws, "isolated")
 
 	defer c.MendPeer(isolated)
 	toldFirst(t, g, wm, 20*time.Second, func() { c.CutPeer(isolated) })

@@ -52,13 +52,13 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 	c := embedtest.Etcd(t)
 	cli := c.Client(t)
 	s := newSession(t, c, etcd.WithTTL(5*time.Second))
-	m := newMutex(t, s, "/jobs/cron")
+	m := newMutex(t, s, "jobs/cron")
 	ctx := context.Background()
 	g, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("/jobs/cron/%x", int64(s.Lease()))
+	want := fmt.Sprintf("jobs/cron/%x", int64(s.Lease()))
 	if g.Key() != want {
 		t.Fatalf("key %q, want %q (concurrency.Mutex layout)", g.Key(), want)
 	}
@@ -75,7 +75,7 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ks := keys(t, cli, "/jobs/cron/"); len(ks) != 0 {
+	if ks := keys(t, cli, "jobs/cron/"); len(ks) != 0 {
 		t.Fatalf("keys left after unlock: %v", ks)
 	}
 	if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
@@ -92,7 +92,7 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 func TestNativeInterop(t *testing.T) {
 	c := embedtest.Etcd(t)
 	ctx := context.Background()
-	const name = "/interop/lock"
+	const name = "interop/lock"
 
 	ns, err := concurrency.NewSession(c.Client(t), concurrency.WithTTL(5))
 	if err != nil {
@@ -173,8 +173,8 @@ func TestNativeInterop(t *testing.T) {
 func TestHandoffNoStall(t *testing.T) {
 	c := embedtest.Etcd(t)
 	ctx := context.Background()
-	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/stall")
-	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/stall")
+	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "stall")
+	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "stall")
 	slow := 0
 	const rounds = 20
 	for i := 0; i < rounds; i++ {
@@ -191,7 +191,7 @@ func TestHandoffNoStall(t *testing.T) {
 			}
 		}()
 		time.Sleep(20 * time.Millisecond) // b is queued; a writes elsewhere meanwhile
-		if _, err := c.Client(t).Put(ctx, "/stall-other", "x"); err != nil {
+		if _, err := c.Client(t).Put(ctx, "stall-other", "x"); err != nil {
 			t.Fatal(err)
 		}
 		released := time.Now()
@@ -214,22 +214,22 @@ func TestGuardedTxn(t *testing.T) {
 	cli := c.Client(t)
 	ctx := context.Background()
 	s := newSession(t, c, etcd.WithTTL(5*time.Second))
-	g, err := newMutex(t, s, "/guard").Lock(ctx)
+	g, err := newMutex(t, s, "guard").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eg := g.(*etcd.Grant)
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/data", "1")); err != nil {
+	eg := g
+	if _, err := eg.Txn(ctx, clientv3.OpPut("data", "1")); err != nil {
 		t.Fatal(err)
 	}
 	// Lose the grant from outside: revoke the lease with another client.
 	if _, err := cli.Revoke(ctx, s.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/data", "2")); !errors.Is(err, holdfast.ErrNotHeld) {
+	if _, err := eg.Txn(ctx, clientv3.OpPut("data", "2")); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Fatalf("guarded txn after revoke: %v, want ErrNotHeld", err)
 	}
-	resp, err := cli.Get(ctx, "/data")
+	resp, err := cli.Get(ctx, "data")
 	if err != nil || string(resp.Kvs[0].Value) != "1" {
 		t.Fatalf("guarded write applied after loss: %v %v", resp, err)
 	}
@@ -279,7 +279,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("name %q: %v, want ErrInvalidName", name, err)
 		}
 	}
-	m := newMutex(t, s, "/bad")
+	m := newMutex(t, s, "bad")
 	//lint:ignore SA1012 checks that a nil context is refused, not a panic
 	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil ctx: %v", err)
@@ -290,10 +290,10 @@ func TestBadInput(t *testing.T) {
 	if _, err := m.Lock(ctx); !errors.Is(err, holdfast.ErrSessionClosed) {
 		t.Errorf("lock after close: %v, want ErrSessionClosed", err)
 	}
-	if _, err := etcd.NewMutex(s, "/bad2"); !errors.Is(err, holdfast.ErrSessionClosed) {
+	if _, err := etcd.NewMutex(s, "bad2"); !errors.Is(err, holdfast.ErrSessionClosed) {
 		t.Errorf("new mutex after close: %v, want ErrSessionClosed", err)
 	}
-	if ks := keys(t, cli, "/bad"); len(ks) != 0 {
+	if ks := keys(t, cli, "bad"); len(ks) != 0 {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
@@ -307,7 +307,7 @@ func TestPromptNoticeOfRevoke(t *testing.T) {
 	ctx := context.Background()
 	for _, how := range []string{"revoke", "delete"} {
 		s := newSession(t, c, etcd.WithTTL(15*time.Second))
-		g, err := newMutex(t, s, "/notice-"+how).Lock(ctx)
+		g, err := newMutex(t, s, "notice-"+how).Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,9 @@ type watcher struct {
 	gen    int64              // stream generation: bumped at each (re)connection
 	wake   chan struct{}      // capacity 1: the queue has requests
 
-	creates atomic.Int64 // watch creations sent, for tests
+	creates atomic.Int64       // watch creations queued, for tests
+	created atomic.Int64       // watch creations confirmed, for tests
+	cancel  context.CancelFunc // of the current stream (under mu), for tests
 	done    chan struct{}
 }
 
@@ -128,6 +130,7 @@ func (w *watcher) stream(ctx context.Context) {
 	w.mu.Lock()
 	w.gen++
 	gen := w.gen
+	w.cancel = cancel
 	w.queue = w.queue[:0]
 	for _, g := range w.grants {
 		w.queue = append(w.queue, w.createReq(g))
@@ -173,6 +176,9 @@ func (w *watcher) send(ctx context.Context, cancel context.CancelFunc, st pb.Wat
 
 // dispatch acts on one response of stream generation gen.
 func (w *watcher) dispatch(gen int64, resp *pb.WatchResponse) {
+	if resp.Created && !resp.Canceled {
+		w.created.Add(1)
+	}
 	w.mu.Lock()
 	g := w.grants[resp.WatchId]
 	w.mu.Unlock()

@@ -32,7 +32,7 @@ const (
 // DefaultConnectTimeout bounds NewSession (and Dial) when their context
 // has no deadline: how long to keep trying to reach etcd and grant the
 // session's lease before giving up with the last connection error.
-const DefaultConnectTimeout = 10 * time.Second
+const DefaultConnectTimeout = 5 * time.Second
 
 const (
 	// retryPause is how soon a failed renewal is retried.

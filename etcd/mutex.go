@@ -95,8 +95,8 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Grant, error) {
 		err = s.alive() // never hand out a grant of a session already lost
 	}
 	if err != nil {
-		if errors.Is(err, holdfast.ErrLocked) {
-			free() // TryLock wrote nothing
+		if errors.Is(err, holdfast.ErrLocked) || rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
+			free() // refused: nothing was written
 		} else {
 			m.q.cleanup(rev, free)
 		}

@@ -70,8 +70,7 @@ func (w *watcher) remove(g *Grant) {
 	g.unwatched = true
 	if w.grants[g.watchID] == g {
 		delete(w.grants, g.watchID)
-		w.queue = append(w.queue, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
-			CancelRequest: &pb.WatchCancelRequest{WatchId: g.watchID}}})
+		w.queue = append(w.queue, cancelReq(g.watchID))
 	}
 	w.mu.Unlock()
 	w.signal()
@@ -87,6 +86,10 @@ func (w *watcher) createReq(g *Grant) *pb.WatchRequest {
 		WatchId:       g.watchID,
 		Filters:       []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
 	}}}
+}
+
+func cancelReq(id int64) *pb.WatchRequest {
+	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
 }
 
 func (w *watcher) signal() {
@@ -220,6 +223,13 @@ func (w *watcher) recheck(ctx context.Context, gen int64, g *Grant) {
 		w.mu.Lock()
 		g.from = resp.Header.Revision + 1
 		if w.grants[g.watchID] == g && w.gen == gen { // else the new stream created it
+			// The server keeps a cancelled watch's ID until the client
+			// cancels it: free it, and watch under a new ID.
+			w.queue = append(w.queue, cancelReq(g.watchID))
+			delete(w.grants, g.watchID)
+			g.watchID = w.nextID
+			w.nextID++
+			w.grants[g.watchID] = g
 			w.queue = append(w.queue, w.createReq(g))
 		}
 		w.mu.Unlock()

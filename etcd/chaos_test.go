@@ -127,5 +127,13 @@ func TestCounterUnderLeaderLoss(t *testing.T) {
 	if len(writes) == 0 || final < len(writes) || final-len(writes) > fails["txn error"] {
 		t.Fatalf("counter %d after %d acknowledged writes (%d txn errors)", final, len(writes), fails["txn error"])
 	}
+	// The values written are exactly 1..final: every acknowledged value lies
+	// in that range (no duplicates, checked above), and the values missing
+	// from it are no more than the writes whose answer was lost.
+	for _, w := range writes {
+		if w.value < 1 || w.value > final {
+			t.Fatalf("value %d written, outside 1..%d", w.value, final)
+		}
+	}
 	t.Logf("counter %d, %d acknowledged guarded writes, failures %v", final, len(writes), fails)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,82 +86,84 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 }
 
 // TestNativeInterop proves that holdfast and concurrency.Mutex (what etcdctl
-// lock uses) exclude each other on one name, both ways, and that FIFO order
-// holds across the two.
+// lock uses) exclude each other on one name, both ways (TryLock refused
+// while the other holds), and that several waiters of both kinds, queued
+// one after the other, are granted in exactly that order.
 func TestNativeInterop(t *testing.T) {
 	c := embedtest.Etcd(t)
+	cli := c.Client(t)
 	ctx := context.Background()
 	const name = "interop/lock"
 
-	ns, err := concurrency.NewSession(c.Client(t), concurrency.WithTTL(5))
-	if err != nil {
-		t.Fatal(err)
+	type contender struct {
+		kind string
+		lock func() error // blocks until granted
+		try  func() error
+		free func() error
 	}
-	defer ns.Close()
-	native := concurrency.NewMutex(ns, name)
-	hf := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name)
-
-	// native holds: holdfast TryLock fails, Lock waits until native unlocks.
-	if err := native.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hf.TryLock(ctx); !errors.Is(err, holdfast.ErrLocked) {
-		t.Fatalf("TryLock while native holds: %v", err)
-	}
-	var got atomic.Value
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		g, err := hf.Lock(ctx)
-		if err != nil {
-			got.Store(err)
-			return
-		}
-		got.Store(g)
-	}()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case <-done:
-		t.Fatalf("holdfast got the lock while native held it: %v", got.Load())
-	default:
-	}
-	if err := native.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("holdfast did not get the lock after native unlocked")
-	}
-	g, ok := got.Load().(holdfast.Grant)
-	if !ok {
-		t.Fatalf("holdfast lock: %v", got.Load())
-	}
-
-	// holdfast holds: native TryLock fails; native Lock waits.
-	if err := native.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
-		t.Fatalf("native TryLock while holdfast holds: %v", err)
-	}
-	nativeDone := make(chan error, 1)
-	go func() { nativeDone <- native.Lock(ctx) }()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case err := <-nativeDone:
-		t.Fatalf("native got the lock while holdfast held it (%v)", err)
-	default:
-	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-nativeDone:
+	nativeContender := func() contender {
+		ns, err := concurrency.NewSession(c.Client(t), concurrency.WithTTL(5))
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("native did not get the lock after holdfast unlocked")
+		t.Cleanup(func() { ns.Close() })
+		m := concurrency.NewMutex(ns, name)
+		return contender{"native", func() error { return m.Lock(ctx) }, func() error { return m.TryLock(ctx) }, func() error { return m.Unlock(ctx) }}
 	}
-	if err := native.Unlock(ctx); err != nil {
+	holdfastContender := func() contender {
+		m := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name)
+		var g *etcd.Grant
+		return contender{"holdfast",
+			func() (err error) { g, err = m.Lock(ctx); return err },
+			func() (err error) { g, err = m.TryLock(ctx); return err },
+			func() error { return g.Unlock(ctx) }}
+	}
+	first := holdfastContender()
+	if err := first.lock(); err != nil {
+		t.Fatal(err)
+	}
+	queue := []contender{nativeContender(), holdfastContender(), holdfastContender(), nativeContender(), holdfastContender(), nativeContender()}
+	if err := queue[0].try(); !errors.Is(err, concurrency.ErrLocked) {
+		t.Fatalf("native TryLock while holdfast holds: %v", err)
+	}
+	order := make(chan int, len(queue))
+	errc := make(chan error, len(queue))
+	for i, w := range queue {
+		go func() {
+			if err := w.lock(); err != nil {
+				errc <- fmt.Errorf("%s waiter %d: %w", w.kind, i, err)
+				return
+			}
+			order <- i
+			errc <- w.free()
+		}()
+		waitQueued(t, cli, name, i+2) // queued behind everyone before it
+	}
+	if err := first.free(); err != nil {
+		t.Fatal(err)
+	}
+	for want := range queue {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("granted %s waiter %d, want %s waiter %d (FIFO across clients)", queue[got].kind, got, queue[want].kind, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("waiter %d not granted within 5 s", want)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A native holder refuses holdfast's TryLock.
+	n := nativeContender()
+	if err := n.lock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holdfastContender().try(); !errors.Is(err, holdfast.ErrLocked) {
+		t.Fatalf("holdfast TryLock while native holds: %v", err)
+	}
+	if err := n.free(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -783,3 +783,47 @@ func TestNoticeUnder100ms(t *testing.T) {
 		}
 	}
 }
+
+// Nested names: a lock on "a" fails with ErrConflict when it finds keys of
+// the longer name "a/b", and removes what it wrote; "a/b" is unaffected.
+func TestNestedNamesConflict(t *testing.T) {
+	c := embedtest.Etcd(t)
+	cli := c.Client(t)
+	ctx := context.Background()
+	inner, err := newMutex(t, newSession(t, c, etcd.WithTTL(10*time.Second)), "nest/a/b").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer := newMutex(t, newSession(t, c, etcd.WithTTL(10*time.Second)), "nest/a")
+	if _, err := outer.TryLock(ctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("TryLock of a prefix of a held name: %v, want ErrConflict", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := outer.Lock(lctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("Lock of a prefix of a held name: %v, want ErrConflict", err)
+	}
+	within(t, "Lock refused for a conflict", time.Since(start), time.Second)
+	waitFor(t, 2*time.Second, "the refused Lock's key removed", func() bool {
+		ks := keys(t, cli, "nest/a/")
+		return len(ks) == 1 && ks[0] == inner.Key()
+	})
+	if inner.Context().Err() != nil {
+		t.Fatal("the longer name's grant ended")
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The other way round: holding "a" does not block "a/b".
+	g, err := outer.Lock(lctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Unlock(ctx)
+	g2, err := newMutex(t, newSession(t, c, etcd.WithTTL(10*time.Second)), "nest/a/b").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock of a longer name while the shorter is held: %v", err)
+	}
+	_ = g2.Unlock(ctx)
+}

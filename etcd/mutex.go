@@ -14,6 +14,11 @@ import (
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
 // lease; the holder is the key with the lowest create revision.
 //
+// A lock's name may not be a prefix of another's at a "/": while the lock
+// "a/b" has keys (a holder or waiters), Lock and TryLock of "a" fail with an
+// error wrapping holdfast.ErrConflict, as they do on Consul; "a/b" itself is
+// unaffected.
+//
 // A Mutex belongs to one Session. Lock and TryLock may be called from many
 // goroutines: through one Session, acquisitions of the same name take turns
 // in-process, since they share one key.
@@ -95,7 +100,8 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Grant, error) {
 		err = s.alive() // never hand out a grant of a session already lost
 	}
 	if err != nil {
-		if errors.Is(err, holdfast.ErrLocked) || rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
+		if !wait && (errors.Is(err, holdfast.ErrLocked) || errors.Is(err, holdfast.ErrConflict)) ||
+			rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
 			free() // refused: nothing was written
 		} else {
 			m.q.cleanup(rev, free)

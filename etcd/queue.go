@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -42,16 +43,21 @@ type ahead struct {
 
 // tryAcquire puts our key only if no key exists under the prefix, in one
 // request. It returns the key's create revision, or an error wrapping
-// holdfast.ErrLocked. On a transport error the put may have applied: the
+// holdfast.ErrLocked (holdfast.ErrConflict if a key of a longer name is
+// there). On a transport error the put may have applied: the
 // caller cleans up with rev 0.
 func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
 	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
-	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Commit()
+	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all).Commit()
 	if err != nil {
 		return 0, err
 	}
 	if !resp.Succeeded {
+		if err := q.conflict(resp.Responses[0].GetResponseRange().GetKvs()...); err != nil {
+			return 0, err
+		}
 		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])
 	}
 	return resp.Header.Revision, nil
@@ -65,7 +71,9 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 //     last-created key under the prefix (our predecessor) and the first one
 //     (the holder). No predecessor: we hold. If our key existed already
 //     (left in this session by an abandoned attempt), reuse it, as
-//     concurrency.Mutex does, and read ahead of it as in step 3.
+//     concurrency.Mutex does, and read ahead of it as in step 3. If a key
+//     ahead belongs to a longer name ("<prefix>b/..."), fail with
+//     holdfast.ErrConflict (this check follows every read).
 //  2. Wait until the predecessor is deleted, on a watch that starts at the
 //     server's current revision (see wait), ending early if ctx or the
 //     session ends.
@@ -100,20 +108,39 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 			return rev, err
 		}
 	}
-	for a.pred != nil {
+	for {
+		if err := q.conflict(a.pred, a.head); err != nil {
+			return rev, err
+		}
+		if a.pred == nil {
+			return rev, nil
+		}
 		if a, err = q.wait(ctx, rev, a); err != nil {
 			return rev, err
 		}
 	}
-	return rev, nil
+}
+
+// conflict returns an error wrapping holdfast.ErrConflict if one of kvs is
+// not a contender's key "<prefix><lease hex>" but a key of a longer name
+// ("<prefix>b/..."): a lock's name may not be a prefix of another lock's. A
+// waiter meets every older key under the prefix as its predecessor before
+// it can hold, so checking the keys ahead is enough.
+func (q queue) conflict(kvs ...*mvccpb.KeyValue) error {
+	for _, kv := range kvs {
+		if kv != nil && strings.Contains(string(kv.Key[len(q.pfx):]), "/") {
+			return fmt.Errorf("%w: %s holds %s, a key of a longer name: a lock's name may not be a prefix of another's", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key)
+		}
+	}
+	return nil
 }
 
 // wait waits until a.pred is deleted and returns what is ahead after that.
 //
 // The watch starts at the server's current revision, so the server serves it
-// at once. (A watch from a past revision, such as a.seen+1, joins the
-// server's "unsynced" group, served every 100 ms: that is the handoff stall
-// of concurrency.Mutex.) If the revision moved between our read and the
+// at once. (A watch from a past revision, such as a.seen, the revision of
+// our read, joins the server's "unsynced" group, served every 100 ms: that is
+// the handoff stall of concurrency.Mutex.) If the revision moved between our read and the
 // watch's creation, the deletion may fall in that gap. When the predecessor
 // is the holder, whose release is imminent, we read again once, with the
 // watch in place, so that the wake-up is prompt either way. Otherwise a
@@ -127,7 +154,7 @@ func (q queue) wait(ctx context.Context, rev int64, a ahead) (ahead, error) {
 	if !mutant.On("etcd/watch-now") {
 		now = q.s.client.Watch(wctx, key, clientv3.WithCreatedNotify())
 	} else {
-		now = q.s.client.Watch(wctx, key, clientv3.WithRev(a.seen+1))
+		now = q.s.client.Watch(wctx, key, clientv3.WithRev(a.seen)) // as concurrency.Mutex does
 	}
 	var gap clientv3.WatchChan // nil until needed
 	for {

@@ -94,7 +94,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 
 // Session is an etcd lease kept alive in the background. Every grant taken
 // through a Session is attached to its lease, so one keepalive stream serves
-// any number of locks. When the lease cannot be renewed in time, is revoked,
+// any number of locks, and one watch stream watches all their keys (a
+// revoked lease or a deleted key ends the grant within milliseconds; a held
+// grant costs no goroutine). When the lease cannot be renewed in time, is revoked,
 // or the Session is closed, the context of every grant is cancelled with the
 // reason.
 //
@@ -227,7 +229,9 @@ func grantedTTL(asked time.Duration, answered int64) time.Duration {
 
 // renew sends a keepalive every TTL/3 and retries failed ones quickly, until
 // the session ends. Each acknowledged keepalive moves the local deadline to
-// its send time + TTL - margin.
+// its send time + TTL - margin. Each attempt is bounded by TTL/3 (at most
+// maxRenewAttempt): one that landed on a frozen member gives up in time for
+// the next, which the client's balancer sends to another member.
 func (s *Session) renew(ctx context.Context) {
 	defer close(s.renewDone)
 	period := s.cfg.ttl / 3

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
 )
+
+// watchDelay is how long a grant is held before the session watches its key:
+// short critical sections do not pay for creating and cancelling a watch.
+const watchDelay = 100 * time.Millisecond
 
 // Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
@@ -113,7 +118,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Grant, error) {
 		s.watcher.remove(g)
 		free()
 	})
-	s.watcher.add(g)
+	time.AfterFunc(watchDelay, func() { s.watcher.add(g) })
 	m.reentry.Remember(g, g.base)
 	return g, nil
 }

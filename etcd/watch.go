@@ -22,11 +22,13 @@ import (
 // one sends the requests queued by grants (creates and cancels), so that a
 // grant never waits on the network to start or stop being watched.
 //
-// Watch IDs are ours: a grant keeps its ID across reconnections. On a
-// reconnection every watch is created again from its grant's resume
+// Watch IDs are ours (WatchCreateRequest.WatchId), so a response maps to its
+// grant without waiting for the server to name the watch. On a reconnection
+// every watch is created again, under the same ID, from its grant's resume
 // revision (rev+1 at first), so no deletion is missed while the stream was
-// down. A watch cancelled because its revision was compacted is resumed
-// from a revision that exists, after one read of the key (see recheck).
+// down. A watch cancelled because its revision was compacted is resumed,
+// under a new ID, from a revision that exists, after one read of the key
+// (see recheck).
 type watcher struct {
 	s *Session
 
@@ -145,7 +147,7 @@ func (w *watcher) stream(ctx context.Context) {
 		defer close(sent)
 		w.send(sctx, cancel, st)
 	}()
-	defer func() { <-sent }()
+	defer func() { cancel(); <-sent }() // the sender stops with the stream
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -198,9 +200,7 @@ func (w *watcher) dispatch(gen int64, resp *pb.WatchResponse) {
 		// Compacted past the resume revision (or cancelled by the server for
 		// another reason): read the key once, then watch again from a
 		// revision that exists.
-		if !w.s.bg.Go(func(ctx context.Context) { w.recheck(ctx, gen, g) }) {
-			return
-		}
+		w.s.bg.Go(func(ctx context.Context) { w.recheck(ctx, gen, g) })
 	}
 }
 

@@ -827,3 +827,40 @@ func TestNestedNamesConflict(t *testing.T) {
 	}
 	_ = g2.Unlock(ctx)
 }
+
+// The session's watch stream survives the loss of its member: after a
+// restart every grant's watch is created again, a deletion is noticed, and
+// Close returns promptly.
+func TestWatchSurvivesRestart(t *testing.T) {
+	c := embedtest.Etcd(t)
+	ctx := context.Background()
+	s := newSession(t, c, etcd.WithTTL(15*time.Second))
+	g, err := newMutex(t, s, "restart").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "watch confirmed", func() bool { _, c := etcd.WatchCreates(s); return c >= 1 })
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "watch created again", func() bool { _, c := etcd.WatchCreates(s); return c >= 2 })
+	cli := c.Client(t)
+	start := time.Now()
+	if _, err := cli.Delete(ctx, g.Key()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g.Context().Done():
+		within(t, "deletion noticed after a restart", time.Since(start), 100*time.Millisecond)
+	case <-time.After(2 * time.Second):
+		t.Fatal("deletion not noticed within 2 s after a restart")
+	}
+	start = time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "Close", time.Since(start), time.Second)
+}

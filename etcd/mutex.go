@@ -13,7 +13,7 @@ import (
 
 // watchDelay is how long a grant is held before the session watches its key:
 // short critical sections do not pay for creating and cancelling a watch.
-const watchDelay = 100 * time.Millisecond
+const watchDelay = 20 * time.Millisecond
 
 // Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's

@@ -864,3 +864,36 @@ func TestWatchSurvivesRestart(t *testing.T) {
 	}
 	within(t, "Close", time.Since(start), time.Second)
 }
+
+// A Lock that etcd refuses because the session's lease is gone (revoked by
+// an operator before the next keepalive could tell) fails with
+// ErrSessionLost and ends the session.
+func TestLockAfterLeaseRevoked(t *testing.T) {
+	c := embedtest.Etcd(t)
+	ctx := context.Background()
+	s := newSession(t, c, etcd.WithTTL(15*time.Second))
+	m := newMutex(t, s, "revoked-lease")
+	if m.Name() != "revoked-lease" {
+		t.Fatalf("Name() = %q", m.Name())
+	}
+	if _, err := c.Client(t).Revoke(ctx, s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"TryLock", "Lock"} {
+		var err error
+		if how == "Lock" {
+			_, err = m.Lock(ctx)
+		} else {
+			_, err = m.TryLock(ctx)
+		}
+		if !errors.Is(err, holdfast.ErrSessionLost) {
+			t.Fatalf("%s after the lease was revoked: %v, want ErrSessionLost", how, err)
+		}
+	}
+	if !errors.Is(s.Err(), holdfast.ErrSessionLost) {
+		t.Fatalf("session: %v, want ErrSessionLost", s.Err())
+	}
+	if ks := keys(t, c.Client(t), "revoked-lease/"); len(ks) != 0 {
+		t.Fatalf("keys left: %v", ks)
+	}
+}

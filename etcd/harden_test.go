@@ -897,3 +897,83 @@ func TestLockAfterLeaseRevoked(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// Misuse and edge cases: nil contexts are refused before any request, a
+// second acquisition of a name in progress through the same session makes
+// TryLock fail at once, a closed client ends the session, and an endpoint
+// that accepts connections but never answers gives a plain timeout.
+func TestMisuse(t *testing.T) {
+	c := embedtest.Etcd(t)
+	ctx := context.Background()
+	cli := c.Client(t)
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
+	if _, err := etcd.NewSession(nil, cli); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("NewSession(nil ctx): %v", err)
+	}
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
+	if _, err := etcd.Dial(nil, c.Endpoints()); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("Dial(nil ctx): %v", err)
+	}
+	s := newSession(t, c, etcd.WithTTL(5*time.Second))
+	hg, err := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "misuse").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMutex(t, s, "misuse")
+	lctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Lock(lctx)
+		errc <- err
+	}()
+	waitQueued(t, cli, "misuse", 2)
+	if _, err := m.TryLock(ctx); !errors.Is(err, holdfast.ErrLocked) {
+		t.Errorf("TryLock while a Lock of the name waits through the same session: %v, want ErrLocked", err)
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled Lock: %v", err)
+	}
+	if err := hg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1012 checks that a nil context is refused, not a panic
+	if _, err := g.Txn(nil, clientv3.OpPut("misuse-data", "x")); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("Txn(nil ctx): %v", err)
+	}
+
+	own, err := c.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := etcd.NewSession(ctx, own, etcd.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	own.Close()
+	select {
+	case <-s2.Context().Done():
+		if !errors.Is(s2.Err(), holdfast.ErrSessionLost) {
+			t.Errorf("session after its client closed: %v, want ErrSessionLost", s2.Err())
+		}
+	case <-time.After(time.Second):
+		t.Error("session still live 1 s after its client was closed")
+	}
+
+	p := embedtest.StartProxy(t, hostPort(t, c.Endpoint(0)))
+	p.Pause()
+	defer p.Mend()
+	tctx, tcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer tcancel()
+	start := time.Now()
+	_, err = etcd.Dial(tctx, []string{p.URL()})
+	within(t, "Dial(500 ms) to a frozen endpoint", time.Since(start), time.Second)
+	if !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "last connection error") {
+		t.Errorf("Dial to a frozen endpoint: %v, want a plain DeadlineExceeded (it accepts connections)", err)
+	}
+}

@@ -27,7 +27,7 @@ func TestCounterUnderLeaderLoss(t *testing.T) {
 	const (
 		workers = 4
 		run     = 8 * time.Second
-		counter = "/chaos/counter"
+		counter = "chaos/counter"
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), run)
 	defer cancel()
@@ -45,7 +45,7 @@ func TestCounterUnderLeaderLoss(t *testing.T) {
 	fail := func(what string) { mu.Lock(); fails[what]++; mu.Unlock() }
 	for range workers {
 		s := newSession(t, c, etcd.WithTTL(3*time.Second))
-		m := newMutex(t, s, "/chaos/lock")
+		m := newMutex(t, s, "chaos/lock")
 		cli := s.Client()
 		wg.Add(1)
 		go func() {
@@ -64,7 +64,7 @@ func TestCounterUnderLeaderLoss(t *testing.T) {
 					if len(resp.Kvs) == 1 {
 						n, _ = strconv.Atoi(string(resp.Kvs[0].Value))
 					}
-					_, err = g.(*etcd.Grant).Txn(ctx, clientv3.OpPut(counter, strconv.Itoa(n+1)))
+					_, err = g.Txn(ctx, clientv3.OpPut(counter, strconv.Itoa(n+1)))
 					if err == nil {
 						mu.Lock()
 						writes = append(writes, write{n + 1, g.Token()})
@@ -126,6 +126,14 @@ func TestCounterUnderLeaderLoss(t *testing.T) {
 	}
 	if len(writes) == 0 || final < len(writes) || final-len(writes) > fails["txn error"] {
 		t.Fatalf("counter %d after %d acknowledged writes (%d txn errors)", final, len(writes), fails["txn error"])
+	}
+	// The values written are exactly 1..final: every acknowledged value lies
+	// in that range (no duplicates, checked above), and the values missing
+	// from it are no more than the writes whose answer was lost.
+	for _, w := range writes {
+		if w.value < 1 || w.value > final {
+			t.Fatalf("value %d written, outside 1..%d", w.value, final)
+		}
 	}
 	t.Logf("counter %d, %d acknowledged guarded writes, failures %v", final, len(writes), fails)
 }

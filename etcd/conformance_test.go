@@ -30,7 +30,7 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 					t.Errorf("revoke lease: %v", err)
 				}
 			}
-			return m, kill
+			return holdfast.AsLocker[*etcd.Grant](m), kill
 		},
 		Keys: func(t *testing.T, name string) []string {
 			cli := c.Client(t)
@@ -45,8 +45,10 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			sort.Strings(ks)
 			return ks
 		},
-		// Revocation is seen by the next keepalive: TTL/3, plus slack.
-		LossNotice: conformanceTTL/3 + 2*time.Second,
+		// Revocation is seen through the session's watch of the grant's key
+		// (created 100 ms after the grant, served by etcd within 100 ms if it
+		// starts in the past), plus slack.
+		LossNotice: 500 * time.Millisecond,
 	}
 }
 

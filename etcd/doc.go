@@ -2,7 +2,8 @@
 // revision-ordered keys.
 //
 // A Session is one lease, kept alive in the background and shared by every
-// grant taken through it. A Mutex is a FIFO lock with the key layout of
+// grant taken through it; Dial opens one on a client of its own, NewSession
+// on a client you configured. A Mutex is a FIFO lock with the key layout of
 // go.etcd.io/etcd/client/v3/concurrency.Mutex (keys "<name>/<lease ID in
 // hex>", the holder being the key with the lowest create revision), so
 // `etcdctl lock <name>` and concurrency.NewMutex(session, name) exclude
@@ -15,8 +16,15 @@
 //   - a grant context cancelled before the lease can expire on the server
 //     (WithMargin documents the assumption);
 //   - a guarded Unlock that can never delete a newer grant's key;
-//   - waiters that leave no key behind on any error, notice their session's
-//     loss promptly, and re-check their own key before taking the lock;
+//   - Lock, TryLock and Unlock that return within milliseconds of their
+//     context's end, even with etcd unreachable, leaving the cleanup (a
+//     waiter's key, a release) to the session, retried while it lives;
+//   - waiters that notice their session's loss promptly and re-check their
+//     own key before taking the lock;
+//   - one watch stream per session for the keys of all its grants, so a
+//     revoked lease or a deleted key is noticed in milliseconds;
+//   - guarded writes that refuse to touch the lock's own keys;
+//   - etcd's permission errors mapped to holdfast.ErrPermissionDenied;
 //   - a handoff driven by watches that start in the future, so it does not
 //     wait for the server's 100 ms unsynced-watcher loop.
 package etcd

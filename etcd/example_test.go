@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -32,6 +33,22 @@ func startEtcd() (*embedtest.Cluster, *clientv3.Client, func()) {
 	return c, cli, func() { cli.Close(); c.Close(); os.RemoveAll(dir) }
 }
 
+// Open a session in one line: Dial owns its client, and Close closes it.
+func ExampleDial() {
+	c, _, stop := startEtcd()
+	defer stop()
+	ctx := context.Background()
+
+	s, err := etcd.Dial(ctx, c.Endpoints(), etcd.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	fmt.Println("session TTL:", s.TTL())
+	// Output:
+	// session TTL: 10s
+}
+
 // Take a lock, do fenced work under the grant's context, release it.
 func ExampleMutex_Lock() {
 	_, cli, stop := startEtcd()
@@ -43,7 +60,7 @@ func ExampleMutex_Lock() {
 		log.Fatal(err)
 	}
 	defer s.Close()
-	m, err := etcd.NewMutex(s, "/locks/nightly-report")
+	m, err := etcd.NewMutex(s, "locks/nightly-report")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -51,7 +68,15 @@ func ExampleMutex_Lock() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer g.Unlock(context.Background())
+	defer func() {
+		// Unlock's context bounds only the wait for etcd's answer; if it
+		// ends first, the session finishes the release in the background.
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := g.Unlock(uctx); err != nil {
+			log.Print(err)
+		}
+	}()
 
 	// Run the work under g.Context(): it is cancelled if the lock is lost.
 	// Send g.Token() with every write so the resource can refuse stale ones.
@@ -74,22 +99,25 @@ func ExampleGrant_Txn() {
 		log.Fatal(err)
 	}
 	defer s.Close()
-	m, _ := etcd.NewMutex(s, "/locks/config")
+	m, _ := etcd.NewMutex(s, "locks/config")
 	g, err := m.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	eg := g.(*etcd.Grant)
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/config/leader", "me")); err != nil {
+	if _, err := g.Txn(ctx, clientv3.OpPut("config/leader", "me")); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("write while held: ok")
 
+	_, err = g.Txn(ctx, clientv3.OpPut(g.Key(), "x"))
+	fmt.Println("write to the lock's own key refused:", errors.Is(err, holdfast.ErrInvalidArgument))
+
 	_ = g.Unlock(ctx)
-	_, err = eg.Txn(ctx, clientv3.OpPut("/config/leader", "stale"))
+	_, err = g.Txn(ctx, clientv3.OpPut("config/leader", "stale"))
 	fmt.Println("write after unlock refused:", errors.Is(err, holdfast.ErrNotHeld))
 	// Output:
 	// write while held: ok
+	// write to the lock's own key refused: true
 	// write after unlock refused: true
 }
 
@@ -103,8 +131,8 @@ func ExampleMutex_TryLock() {
 	defer s1.Close()
 	s2, _ := etcd.NewSession(ctx, cli)
 	defer s2.Close()
-	m1, _ := etcd.NewMutex(s1, "/locks/once")
-	m2, _ := etcd.NewMutex(s2, "/locks/once")
+	m1, _ := etcd.NewMutex(s1, "locks/once")
+	m2, _ := etcd.NewMutex(s2, "locks/once")
 
 	g, err := m1.TryLock(ctx)
 	fmt.Println("first:", err)

@@ -3,97 +3,56 @@ package etcd_test
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/pkg/v3/proxy"
-	"go.uber.org/zap"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
-// blackholeProxy starts a TCP proxy to the etcd endpoint whose traffic can be
-// dropped in both directions, as in a network partition.
-func blackholeProxy(t *testing.T, endpoint string) proxy.Server {
-	t.Helper()
-	to, err := url.Parse(endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	from := l.Addr().String()
-	_ = l.Close()
-	p := proxy.NewServer(proxy.ServerConfig{
-		Logger: zap.NewNop(),
-		From:   url.URL{Scheme: "tcp", Host: from},
-		To:     url.URL{Scheme: "tcp", Host: to.Host},
-	})
-	select {
-	case <-p.Ready():
-	case err := <-p.Error():
-		t.Fatal(err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("proxy not ready")
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
-}
-
 // TestPartitionedHolderToldFirst cuts a holder off from etcd. Its lease then
 // expires on the server and a waiter is granted the lock; the holder's grant
 // context must be cancelled before that grant.
 func TestPartitionedHolderToldFirst(t *testing.T) {
 	c := embedtest.Etcd(t)
-	p := blackholeProxy(t, c.Endpoint(0))
-	holderCli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{"http://" + p.From()[len("tcp://"):]},
-		DialTimeout: 2 * time.Second,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holderCli.Close()
 	ctx := context.Background()
-	hs, err := etcd.NewSession(ctx, holderCli, etcd.WithTTL(3*time.Second))
+	hs, p := proxiedSession(t, c, etcd.WithTTL(3*time.Second))
+	g, err := newMutex(t, hs, "partition").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer hs.Close()
-	hm, _ := etcd.NewMutex(hs, "/partition")
-	g, err := hm.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wm := newMutex(t, newSession(t, c, etcd.WithTTL(3*time.Second)), "/partition")
-
-	toldFirst(t, g, wm, 15*time.Second, func() {
-		p.BlackholeTx()
-		p.BlackholeRx()
-	})
+	wm := newMutex(t, newSession(t, c, etcd.WithTTL(3*time.Second)), "partition")
+	toldFirst(t, g, wm, 3*time.Second, 15*time.Second, p.Blackhole)
 }
 
-// toldFirst cuts a holder off with cut, then waits (at most timeout) until
-// waiter is granted the lock, and checks that the holder's grant context was
-// cancelled, for a lost session, before that grant, and that the new token is
-// higher.
-func toldFirst(t *testing.T, g holdfast.Grant, waiter *etcd.Mutex, timeout time.Duration, cut func()) {
+// toldFirst cuts a holder (session TTL ttl, default margin TTL/5) off with
+// cut, then waits (at most timeout) until waiter is granted the lock. It
+// checks that the holder's grant context was cancelled, for a lost session,
+// before that grant, and no later than TTL - margin after its last
+// acknowledged renewal (seen from outside as the moment its Deadline last
+// moved): that is what the margin is for, so WithMargin(0) fails here. The
+// new token must be higher.
+func toldFirst(t *testing.T, g *etcd.Grant, waiter *etcd.Mutex, ttl, timeout time.Duration, cut func()) {
 	t.Helper()
 	var mu sync.Mutex
-	var toldAt time.Time
-	go func() {
-		<-g.Context().Done()
+	var toldAt, renewedAt time.Time
+	d := g.Deadline()
+	waitFor(t, ttl, "a renewal", func() bool { return g.Deadline().After(d) })
+	go func() { // poll: the moment the deadline moves is when a renewal is acknowledged
+		last := g.Deadline()
+		renewed := time.Now()
+		for g.Context().Err() == nil {
+			if d := g.Deadline(); d.After(last) {
+				last, renewed = d, time.Now()
+			}
+			time.Sleep(time.Millisecond)
+		}
 		mu.Lock()
-		toldAt = time.Now()
+		toldAt, renewedAt = time.Now(), renewed
 		mu.Unlock()
 	}()
 	cut()
@@ -111,13 +70,20 @@ func toldFirst(t *testing.T, g holdfast.Grant, waiter *etcd.Mutex, timeout time.
 	if toldAt.IsZero() || !toldAt.Before(grantedAt) {
 		t.Fatalf("holder told at %v, waiter granted at %v (after the cut)", toldAt.Sub(cutAt), grantedAt.Sub(cutAt))
 	}
+	// The last acknowledged renewal was sent a round trip before its
+	// acknowledgement was seen; with WithMargin(0) the holder would be told
+	// about TTL/5 later than this bound.
+	if bound := ttl - ttl/5 + 150*time.Millisecond; toldAt.Sub(renewedAt) > bound {
+		t.Fatalf("holder told %v after its last acknowledged renewal, later than TTL - margin (+ slack) = %v", toldAt.Sub(renewedAt), bound)
+	}
 	if !errors.Is(context.Cause(g.Context()), holdfast.ErrSessionLost) {
 		t.Fatalf("cause %v, want ErrSessionLost", context.Cause(g.Context()))
 	}
 	if wg.Token() <= g.Token() {
 		t.Fatalf("new token %d not above old %d", wg.Token(), g.Token())
 	}
-	t.Logf("holder told %v after the cut, waiter granted %v after (lead %v)", toldAt.Sub(cutAt), grantedAt.Sub(cutAt), grantedAt.Sub(toldAt))
+	t.Logf("holder told %v after the cut (%v after its last acknowledged renewal), waiter granted %v after the cut (lead %v)",
+		toldAt.Sub(cutAt), toldAt.Sub(renewedAt), grantedAt.Sub(cutAt), grantedAt.Sub(toldAt))
 }
 
 // TestClusterLeaderFailover keeps a lock usable across the loss of the etcd
@@ -126,8 +92,8 @@ func toldFirst(t *testing.T, g holdfast.Grant, waiter *etcd.Mutex, timeout time.
 func TestClusterLeaderFailover(t *testing.T) {
 	c := embedtest.EtcdCluster(t, 3)
 	ctx := context.Background()
-	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/failover")
-	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/failover")
+	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "failover")
+	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "failover")
 	ga, err := a.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +121,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	}
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := ga.(*etcd.Grant).Txn(tctx, clientv3.OpPut("/failover-data", "a")); err != nil {
+	if _, err := ga.Txn(tctx, clientv3.OpPut("failover-data", "a")); err != nil {
 		t.Fatalf("guarded write after failover: %v", err)
 	}
 	select {
@@ -204,7 +170,7 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hs.Close()
-	hm, _ := etcd.NewMutex(hs, "/isolated")
+	hm, _ := etcd.NewMutex(hs, "isolated")
 	g, err := hm.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -216,8 +182,8 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	wm, _ := etcd.NewMutex(ws, "/isolated")
+	wm, _ := etcd.NewMutex(ws, "isolated")
 
 	defer c.MendPeer(isolated)
-	toldFirst(t, g, wm, 20*time.Second, func() { c.CutPeer(isolated) })
+	toldFirst(t, g, wm, 3*time.Second, 20*time.Second, func() { c.CutPeer(isolated) })
 }

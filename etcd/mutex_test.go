@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,13 +51,13 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 	c := embedtest.Etcd(t)
 	cli := c.Client(t)
 	s := newSession(t, c, etcd.WithTTL(5*time.Second))
-	m := newMutex(t, s, "/jobs/cron")
+	m := newMutex(t, s, "jobs/cron")
 	ctx := context.Background()
 	g, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("/jobs/cron/%x", int64(s.Lease()))
+	want := fmt.Sprintf("jobs/cron/%x", int64(s.Lease()))
 	if g.Key() != want {
 		t.Fatalf("key %q, want %q (concurrency.Mutex layout)", g.Key(), want)
 	}
@@ -75,7 +74,7 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ks := keys(t, cli, "/jobs/cron/"); len(ks) != 0 {
+	if ks := keys(t, cli, "jobs/cron/"); len(ks) != 0 {
 		t.Fatalf("keys left after unlock: %v", ks)
 	}
 	if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
@@ -87,82 +86,84 @@ func TestLockUnlockTokenIsCreateRevision(t *testing.T) {
 }
 
 // TestNativeInterop proves that holdfast and concurrency.Mutex (what etcdctl
-// lock uses) exclude each other on one name, both ways, and that FIFO order
-// holds across the two.
+// lock uses) exclude each other on one name, both ways (TryLock refused
+// while the other holds), and that several waiters of both kinds, queued
+// one after the other, are granted in exactly that order.
 func TestNativeInterop(t *testing.T) {
 	c := embedtest.Etcd(t)
+	cli := c.Client(t)
 	ctx := context.Background()
-	const name = "/interop/lock"
+	const name = "interop/lock"
 
-	ns, err := concurrency.NewSession(c.Client(t), concurrency.WithTTL(5))
-	if err != nil {
-		t.Fatal(err)
+	type contender struct {
+		kind string
+		lock func() error // blocks until granted
+		try  func() error
+		free func() error
 	}
-	defer ns.Close()
-	native := concurrency.NewMutex(ns, name)
-	hf := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name)
-
-	// native holds: holdfast TryLock fails, Lock waits until native unlocks.
-	if err := native.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hf.TryLock(ctx); !errors.Is(err, holdfast.ErrLocked) {
-		t.Fatalf("TryLock while native holds: %v", err)
-	}
-	var got atomic.Value
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		g, err := hf.Lock(ctx)
-		if err != nil {
-			got.Store(err)
-			return
-		}
-		got.Store(g)
-	}()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case <-done:
-		t.Fatalf("holdfast got the lock while native held it: %v", got.Load())
-	default:
-	}
-	if err := native.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("holdfast did not get the lock after native unlocked")
-	}
-	g, ok := got.Load().(holdfast.Grant)
-	if !ok {
-		t.Fatalf("holdfast lock: %v", got.Load())
-	}
-
-	// holdfast holds: native TryLock fails; native Lock waits.
-	if err := native.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
-		t.Fatalf("native TryLock while holdfast holds: %v", err)
-	}
-	nativeDone := make(chan error, 1)
-	go func() { nativeDone <- native.Lock(ctx) }()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case err := <-nativeDone:
-		t.Fatalf("native got the lock while holdfast held it (%v)", err)
-	default:
-	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-nativeDone:
+	nativeContender := func() contender {
+		ns, err := concurrency.NewSession(c.Client(t), concurrency.WithTTL(5))
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("native did not get the lock after holdfast unlocked")
+		t.Cleanup(func() { ns.Close() })
+		m := concurrency.NewMutex(ns, name)
+		return contender{"native", func() error { return m.Lock(ctx) }, func() error { return m.TryLock(ctx) }, func() error { return m.Unlock(ctx) }}
 	}
-	if err := native.Unlock(ctx); err != nil {
+	holdfastContender := func() contender {
+		m := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name)
+		var g *etcd.Grant
+		return contender{"holdfast",
+			func() (err error) { g, err = m.Lock(ctx); return err },
+			func() (err error) { g, err = m.TryLock(ctx); return err },
+			func() error { return g.Unlock(ctx) }}
+	}
+	first := holdfastContender()
+	if err := first.lock(); err != nil {
+		t.Fatal(err)
+	}
+	queue := []contender{nativeContender(), holdfastContender(), holdfastContender(), nativeContender(), holdfastContender(), nativeContender()}
+	if err := queue[0].try(); !errors.Is(err, concurrency.ErrLocked) {
+		t.Fatalf("native TryLock while holdfast holds: %v", err)
+	}
+	order := make(chan int, len(queue))
+	errc := make(chan error, len(queue))
+	for i, w := range queue {
+		go func() {
+			if err := w.lock(); err != nil {
+				errc <- fmt.Errorf("%s waiter %d: %w", w.kind, i, err)
+				return
+			}
+			order <- i
+			errc <- w.free()
+		}()
+		waitQueued(t, cli, name, i+2) // queued behind everyone before it
+	}
+	if err := first.free(); err != nil {
+		t.Fatal(err)
+	}
+	for want := range queue {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("granted %s waiter %d, want %s waiter %d (FIFO across clients)", queue[got].kind, got, queue[want].kind, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("waiter %d not granted within 5 s", want)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A native holder refuses holdfast's TryLock.
+	n := nativeContender()
+	if err := n.lock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holdfastContender().try(); !errors.Is(err, holdfast.ErrLocked) {
+		t.Fatalf("holdfast TryLock while native holds: %v", err)
+	}
+	if err := n.free(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -173,8 +174,8 @@ func TestNativeInterop(t *testing.T) {
 func TestHandoffNoStall(t *testing.T) {
 	c := embedtest.Etcd(t)
 	ctx := context.Background()
-	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/stall")
-	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "/stall")
+	a := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "stall")
+	b := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "stall")
 	slow := 0
 	const rounds = 20
 	for i := 0; i < rounds; i++ {
@@ -191,7 +192,7 @@ func TestHandoffNoStall(t *testing.T) {
 			}
 		}()
 		time.Sleep(20 * time.Millisecond) // b is queued; a writes elsewhere meanwhile
-		if _, err := c.Client(t).Put(ctx, "/stall-other", "x"); err != nil {
+		if _, err := c.Client(t).Put(ctx, "stall-other", "x"); err != nil {
 			t.Fatal(err)
 		}
 		released := time.Now()
@@ -203,8 +204,10 @@ func TestHandoffNoStall(t *testing.T) {
 		}
 	}
 	// Allow scheduler hiccups on a loaded 2-core machine (CI runs packages
-	// in parallel); a stall on the 100 ms loop showed on 20 of 20 rounds.
-	if slow > rounds/2 {
+	// in parallel); watching from a past revision (the etcd/watch-now
+	// mutant, as concurrency.Mutex does) stalls 12 to 19 of 20 rounds here, against 0 normally.
+	t.Logf("%d of %d handoffs took more than 60 ms", slow, rounds)
+	if slow > rounds/4 {
 		t.Fatalf("%d of %d handoffs took more than 60 ms", slow, rounds)
 	}
 }
@@ -214,22 +217,22 @@ func TestGuardedTxn(t *testing.T) {
 	cli := c.Client(t)
 	ctx := context.Background()
 	s := newSession(t, c, etcd.WithTTL(5*time.Second))
-	g, err := newMutex(t, s, "/guard").Lock(ctx)
+	g, err := newMutex(t, s, "guard").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eg := g.(*etcd.Grant)
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/data", "1")); err != nil {
+	eg := g
+	if _, err := eg.Txn(ctx, clientv3.OpPut("data", "1")); err != nil {
 		t.Fatal(err)
 	}
 	// Lose the grant from outside: revoke the lease with another client.
 	if _, err := cli.Revoke(ctx, s.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eg.Txn(ctx, clientv3.OpPut("/data", "2")); !errors.Is(err, holdfast.ErrNotHeld) {
+	if _, err := eg.Txn(ctx, clientv3.OpPut("data", "2")); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Fatalf("guarded txn after revoke: %v, want ErrNotHeld", err)
 	}
-	resp, err := cli.Get(ctx, "/data")
+	resp, err := cli.Get(ctx, "data")
 	if err != nil || string(resp.Kvs[0].Value) != "1" {
 		t.Fatalf("guarded write applied after loss: %v %v", resp, err)
 	}
@@ -279,7 +282,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("name %q: %v, want ErrInvalidName", name, err)
 		}
 	}
-	m := newMutex(t, s, "/bad")
+	m := newMutex(t, s, "bad")
 	//lint:ignore SA1012 checks that a nil context is refused, not a panic
 	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil ctx: %v", err)
@@ -290,48 +293,10 @@ func TestBadInput(t *testing.T) {
 	if _, err := m.Lock(ctx); !errors.Is(err, holdfast.ErrSessionClosed) {
 		t.Errorf("lock after close: %v, want ErrSessionClosed", err)
 	}
-	if _, err := etcd.NewMutex(s, "/bad2"); !errors.Is(err, holdfast.ErrSessionClosed) {
+	if _, err := etcd.NewMutex(s, "bad2"); !errors.Is(err, holdfast.ErrSessionClosed) {
 		t.Errorf("new mutex after close: %v, want ErrSessionClosed", err)
 	}
-	if ks := keys(t, cli, "/bad"); len(ks) != 0 {
+	if ks := keys(t, cli, "bad"); len(ks) != 0 {
 		t.Fatalf("keys left: %v", ks)
-	}
-}
-
-// TestPromptNoticeOfRevoke checks that a grant learns at once (well before
-// the next keepalive, TTL/3 = 5 s here) that its lease was revoked or its key
-// deleted by someone else.
-func TestPromptNoticeOfRevoke(t *testing.T) {
-	c := embedtest.Etcd(t)
-	cli := c.Client(t)
-	ctx := context.Background()
-	for _, how := range []string{"revoke", "delete"} {
-		s := newSession(t, c, etcd.WithTTL(15*time.Second))
-		g, err := newMutex(t, s, "/notice-"+how).Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond) // past the delay before a grant watches its key
-		start := time.Now()
-		if how == "revoke" {
-			_, err = cli.Revoke(ctx, s.Lease())
-		} else {
-			_, err = cli.Delete(ctx, g.Key())
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-g.Context().Done():
-			t.Logf("%s noticed after %v", how, time.Since(start))
-		case <-time.After(2 * time.Second):
-			t.Fatalf("%s: grant not cancelled within 2 s", how)
-		}
-		if !errors.Is(context.Cause(g.Context()), holdfast.ErrLost) {
-			t.Fatalf("%s: cause %v", how, context.Cause(g.Context()))
-		}
-		if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
-			t.Fatalf("%s: unlock after loss: %v", how, err)
-		}
 	}
 }

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -24,8 +29,19 @@ const (
 	MaxTTL = 9_000_000_000 * time.Second
 )
 
-// retryPause is how soon a failed renewal is retried.
-const retryPause = 100 * time.Millisecond
+// DefaultConnectTimeout bounds NewSession (and Dial) when their context
+// has no deadline: how long to keep trying to reach etcd and grant the
+// session's lease before giving up with the last connection error.
+const DefaultConnectTimeout = 5 * time.Second
+
+const (
+	// retryPause is how soon a failed renewal is retried.
+	retryPause = 100 * time.Millisecond
+	// maxRenewAttempt bounds one keepalive attempt (with TTL/3 if shorter),
+	// so that an attempt stuck on a frozen member gives way to the next one,
+	// which may reach a healthy member, well before the local deadline.
+	maxRenewAttempt = 2 * time.Second
+)
 
 type sessionConfig struct {
 	ttl       time.Duration
@@ -78,18 +94,22 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 
 // Session is an etcd lease kept alive in the background. Every grant taken
 // through a Session is attached to its lease, so one keepalive stream serves
-// any number of locks. When the lease cannot be renewed in time, is revoked,
+// any number of locks, and one watch stream watches all their keys (a
+// revoked lease or a deleted key ends the grant within milliseconds; a held
+// grant costs no goroutine). When the lease cannot be renewed in time, is revoked,
 // or the Session is closed, the context of every grant is cancelled with the
 // reason.
 //
 // A Session is safe for concurrent use.
 type Session struct {
-	client *clientv3.Client
-	lease  clientv3.LeaseID
-	cfg    sessionConfig
-	keeper *core.Keeper
-	bg     *core.Background
-	names  core.Names
+	client  *clientv3.Client
+	owned   bool // created by Dial: closed by Close
+	lease   clientv3.LeaseID
+	watcher *watcher
+	cfg     sessionConfig
+	keeper  *core.Keeper
+	bg      *core.Background
+	names   core.Names
 
 	stop      context.CancelFunc
 	renewDone chan struct{}
@@ -97,8 +117,48 @@ type Session struct {
 	closeErr  error
 }
 
+// Dial connects to the etcd cluster at endpoints (such as
+// "http://127.0.0.1:2379") and returns a Session on a client of its own,
+// which Close closes. ctx bounds the connection and the lease grant; without
+// a deadline, DefaultConnectTimeout applies. The client keeps its
+// connections checked with gRPC keepalives (every 10 s, 3 s timeout).
+//
+// For TLS, authentication or other client settings, create the client with
+// clientv3.New and call NewSession.
+func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Session, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("%w: no etcd endpoints", holdfast.ErrInvalidArgument)
+	}
+	if _, err := newSessionConfig(opts); err != nil {
+		return nil, err
+	}
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          DefaultConnectTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		Logger:               zap.NewNop(), // connection errors are returned, not logged
+	})
+	if err != nil {
+		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w", endpoints, err)
+	}
+	s, err := NewSession(ctx, client, opts...)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
 // NewSession grants a lease on client and keeps it alive until Close or
-// until it is lost. ctx bounds only the lease grant.
+// until it is lost. ctx bounds only the lease grant; without a deadline,
+// DefaultConnectTimeout applies, and when etcd cannot be reached in time the
+// error says why (the last connection error, such as "connection refused").
+// The caller keeps ownership of client: Close does not close it.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", holdfast.ErrInvalidArgument)
@@ -110,10 +170,18 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
+		defer cancel()
+	}
 	sent := time.Now()
 	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", err)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), unreachable(client.Endpoints()))
+		}
+		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", storeErr(err))
 	}
 	s := &Session{
 		client:    client,
@@ -123,10 +191,31 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 		renewDone: make(chan struct{}),
 	}
 	s.bg = core.NewBackground(s.keeper.Context())
+	s.watcher = newWatcher(s)
 	var rctx context.Context
 	rctx, s.stop = context.WithCancel(context.Background())
 	go s.renew(rctx)
 	return s, nil
+}
+
+// unreachable says why the endpoints could not be reached, from one quick
+// TCP connection attempt to each (the etcd client keeps its connection
+// errors to its log): "" if one of them accepts a connection.
+func unreachable(endpoints []string) string {
+	var errs []string
+	for _, ep := range endpoints {
+		host := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			host = u.Host
+		}
+		c, err := net.DialTimeout("tcp", host, 500*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return ""
+		}
+		errs = append(errs, err.Error())
+	}
+	return "; last connection error: " + strings.Join(errs, "; ")
 }
 
 // grantedTTL is the TTL the server counts down: what it answered, but never
@@ -140,7 +229,9 @@ func grantedTTL(asked time.Duration, answered int64) time.Duration {
 
 // renew sends a keepalive every TTL/3 and retries failed ones quickly, until
 // the session ends. Each acknowledged keepalive moves the local deadline to
-// its send time + TTL - margin.
+// its send time + TTL - margin. Each attempt is bounded by TTL/3 (at most
+// maxRenewAttempt): one that landed on a frozen member gives up in time for
+// the next, which the client's balancer sends to another member.
 func (s *Session) renew(ctx context.Context) {
 	defer close(s.renewDone)
 	period := s.cfg.ttl / 3
@@ -158,14 +249,15 @@ func (s *Session) renew(ctx context.Context) {
 		case <-timer.C:
 		}
 		sent := time.Now()
-		kctx, cancel := context.WithDeadline(ctx, s.keeper.Deadline())
+		attempt := min(s.cfg.ttl/3, maxRenewAttempt)
+		kctx, cancel := context.WithDeadline(ctx, minTime(s.keeper.Deadline(), sent.Add(attempt)))
 		resp, err := s.client.KeepAliveOnce(kctx, s.lease)
 		cancel()
 		next := period
 		switch {
 		case err == nil:
 			s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.margin)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case errors.Is(storeErr(err), holdfast.ErrSessionLost):
 			s.keeper.End(fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease)))
 			return
 		default:
@@ -173,6 +265,13 @@ func (s *Session) renew(ctx context.Context) {
 		}
 		timer.Reset(next)
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Lease returns the ID of the session's lease.
@@ -193,19 +292,25 @@ func (s *Session) Context() context.Context { return s.keeper.Context() }
 func (s *Session) Err() error { return s.keeper.Err() }
 
 // Close stops the keepalives, cancels every grant of the session (cause
-// wrapping ErrLost and ErrSessionClosed) and revokes the lease, which deletes
-// every key of the session. It is idempotent. If the revoke fails, the lease
-// still expires on its own within TTL.
+// wrapping ErrLost and ErrSessionClosed), waits for the session's background
+// work (which stops at once), and revokes the lease, which deletes every key
+// of the session; then it closes the client if Dial created it. It is
+// idempotent. If the revoke fails (within min(TTL, 5 s)), the lease still
+// expires on its own within TTL.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		s.stop()
 		<-s.renewDone
 		s.keeper.End(fmt.Errorf("%w: %w", holdfast.ErrLost, holdfast.ErrSessionClosed))
 		s.bg.Wait()
+		<-s.watcher.done
 		ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.ttl, 5*time.Second))
 		defer cancel()
 		if _, err := s.client.Revoke(ctx, s.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.closeErr = fmt.Errorf("holdfast/etcd: revoke lease %x: %w", int64(s.lease), err)
+			s.closeErr = fmt.Errorf("holdfast/etcd: revoke lease %x: %w", int64(s.lease), storeErr(err))
+		}
+		if s.owned {
+			_ = s.client.Close()
 		}
 	})
 	return s.closeErr

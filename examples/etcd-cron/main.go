@@ -37,10 +37,10 @@ import (
 )
 
 const (
-	lockName = "/cron/report"
+	lockName = "cron/report"
 	// The job's record. Not under lockName+"/": every key there counts as a
 	// holder or a waiter of the lock.
-	lastRunKey = "/cron/last-run/report"
+	lastRunKey = "cron/last-run/report"
 )
 
 func main() {
@@ -175,7 +175,7 @@ func (c *cron) runJob(ctx context.Context, m *etcd.Mutex, cli *clientv3.Client, 
 		return "lock lost during the job", nil
 	}
 	record := fmt.Sprintf("at=%d tick=%d worker=%s token=%d", at.UnixNano(), tick, name, g.Token())
-	if _, err := g.(*etcd.Grant).Txn(ctx, clientv3.OpPut(lastRunKey, record)); errors.Is(err, holdfast.ErrNotHeld) {
+	if _, err := g.Txn(ctx, clientv3.OpPut(lastRunKey, record)); errors.Is(err, holdfast.ErrNotHeld) {
 		return "lock lost before the record was written", nil
 	} else if err != nil {
 		return "", err

@@ -72,7 +72,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 			return err
 		}
 		defer sessions[i].Close()
-		if mutexes[i], err = etcd.NewMutex(sessions[i], "/locks/report"); err != nil {
+		if mutexes[i], err = etcd.NewMutex(sessions[i], "locks/report"); err != nil {
 			return err
 		}
 	}

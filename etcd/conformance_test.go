@@ -3,10 +3,12 @@ package etcd_test
 import (
 	"context"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
@@ -19,18 +21,51 @@ const conformanceTTL = 3 * time.Second
 
 func backend(c *embedtest.Cluster) conformance.Backend {
 	return conformance.Backend{
-		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, func()) {
+		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			// Each locker has its own client and session, as a separate
-			// process would.
-			s := newSession(t, c, etcd.WithTTL(conformanceTTL))
-			m := newMutex(t, s, name, opts...)
-			admin := c.Client(t)
-			kill := func() {
-				if _, err := admin.Revoke(context.Background(), s.Lease()); err != nil {
-					t.Errorf("revoke lease: %v", err)
+			// process would, talking to every member through a fault proxy.
+			var proxies []*embedtest.Proxy
+			var eps []string
+			for i := range c.Size() {
+				p := embedtest.StartProxy(t, hostPort(t, c.Endpoint(i)))
+				proxies = append(proxies, p)
+				eps = append(eps, p.URL())
+			}
+			var requests atomic.Int64
+			count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				requests.Add(1)
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			cli := c.Client(t, func(cfg *clientv3.Config) {
+				cfg.Endpoints = eps
+				cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(count))
+			})
+			s, err := etcd.NewSession(context.Background(), cli, etcd.WithTTL(conformanceTTL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			all := func(f func(*embedtest.Proxy)) func() {
+				return func() {
+					for _, p := range proxies {
+						f(p)
+					}
 				}
 			}
-			return holdfast.AsLocker[*etcd.Grant](m), kill
+			t.Cleanup(all((*embedtest.Proxy).Mend)) // before the session closes
+			admin := c.Client(t)
+			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), conformance.Faults{
+				Kill: func() {
+					if _, err := admin.Revoke(context.Background(), s.Lease()); err != nil {
+						t.Errorf("revoke lease: %v", err)
+					}
+				},
+				Cut:      all((*embedtest.Proxy).Blackhole),
+				Freeze:   all((*embedtest.Proxy).Pause),
+				Mend:     all((*embedtest.Proxy).Mend),
+				Close:    func() { _ = s.Close() },
+				Requests: requests.Load,
+			}
 		},
 		Keys: func(t *testing.T, name string) []string {
 			cli := c.Client(t)
@@ -45,9 +80,16 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			sort.Strings(ks)
 			return ks
 		},
-		// Revocation is seen through the session's watch of the grant's key
-		// (created 100 ms after the grant, served by etcd within 100 ms if it
-		// starts in the past), plus slack.
+		Delete: func(t *testing.T, key string) {
+			if _, err := c.Client(t).Delete(context.Background(), key); err != nil {
+				t.Fatalf("delete %s: %v", key, err)
+			}
+		},
+		TTL:    conformanceTTL,
+		Margin: conformanceTTL / 5,
+		// Revocation or deletion is seen through the session's watch of the
+		// grant's key (created 100 ms after the grant, served by etcd within
+		// 100 ms if it starts in the past), plus slack.
 		LossNotice: 500 * time.Millisecond,
 	}
 }

@@ -120,7 +120,7 @@ func (r *resource) write(token holdfast.Token, what string) error {
 
 type demoWorker struct {
 	name    string
-	proxy   *pauseProxy
+	proxy   *embedtest.Proxy
 	client  *clientv3.Client
 	session *hfetcd.Session
 	mutex   *hfetcd.Mutex
@@ -143,7 +143,12 @@ func (w *demoWorker) close() {
 // returns a result with ok() false.
 func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult, err error) {
 	const lockName = "holdfast-demo/lock"
-	fmt.Fprintf(out, "holdfast demo: %d workers, one lock %q (holdfast etcd Mutex, session TTL %v), one fenced resource\n", o.Workers, lockName, o.TTL)
+	fmt.Fprintf(out, "holdfast demo: %d workers, one lock %q (holdfast etcd Mutex, session TTL %v), one fenced resource\n\n", o.Workers, lockName, o.TTL)
+	fmt.Fprintln(out, "Every grant of the lock carries a fencing token, a number that grows from one grant to the next.")
+	fmt.Fprintln(out, "The resource (the fence) remembers the highest token it has seen and refuses writes with a lower one,")
+	fmt.Fprintln(out, "so a holder that lost the lock without noticing (here: a paused one) cannot overwrite newer work.")
+	fmt.Fprintln(out, "Tokens are etcd revisions: every write to etcd, by anyone, moves them on, so they grow with gaps.")
+	fmt.Fprintln(out)
 
 	t0 := time.Now()
 	cluster, err := embedtest.StartEtcd("", 1)
@@ -176,7 +181,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult,
 		workers[i] = w
 		// Every worker reaches etcd through its own pausable proxy, with its
 		// own client connection and session, as separate processes would.
-		if w.proxy, err = newPauseProxy(ep.Host); err != nil {
+		if w.proxy, err = embedtest.NewProxy(ep.Host); err != nil {
 			return res, err
 		}
 		w.client, err = clientv3.New(clientv3.Config{
@@ -267,7 +272,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult,
 							lostAt.CompareAndSwap(nil, &now)
 							pausedLost.Store(true)
 						}
-						tl.log(w.name, "lease deadline passed, told it lost the lock (grant ctx cancelled: %s)", shortCause(cause))
+						tl.log(w.name, "told it lost the lock: %s", shortCause(cause))
 					}
 				}()
 
@@ -373,7 +378,7 @@ wait:
 		writesOK.Add(1)
 		tl.log(w.name, "stale write ACCEPTED (the resource saw no newer token)")
 	}
-	w.proxy.Resume()
+	w.proxy.Mend()
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
 	defer cancel()
 	err := g.Unlock(uctx)
@@ -387,7 +392,21 @@ wait:
 	}
 }
 
-// shortCause trims the "holdfast: " prefixes off a cause for the timeline.
+// shortCause says in a few words why a grant ended, for the timeline.
 func shortCause(err error) string {
-	return strings.ReplaceAll(err.Error(), "holdfast: ", "")
+	switch {
+	case errors.Is(err, holdfast.ErrSessionClosed):
+		return "its session was closed"
+	case errors.Is(err, holdfast.ErrSessionLost):
+		return "no keepalive acknowledged before the safe deadline"
+	case errors.Is(err, holdfast.ErrReleased):
+		return "released"
+	case errors.Is(err, holdfast.ErrLost):
+		return "its key was removed"
+	}
+	s := strings.ReplaceAll(err.Error(), "holdfast: ", "")
+	if len(s) > 60 {
+		s = s[:60] + "..."
+	}
+	return s
 }

@@ -15,9 +15,12 @@
 //     store could give the lock to another client, so the holder learns of the
 //     loss in time to stop.
 //
-// Backends live in sub-packages: holdfast/etcd and holdfast/consul. Each
-// implements [Locker], and each passes the same conformance suite
+// Backends live in sub-packages: holdfast/etcd and holdfast/consul. Their
+// locks return their own grant types (*etcd.Grant, *consul.Grant), which add
+// guarded writes: store operations that commit only while the grant is still
+// held. [AsLocker] turns any of them into a [Locker] for code that should not
+// depend on the store. Both pass the same conformance suite
 // (holdfast/conformance), so the semantics described here hold on both.
-// Backend grants also offer guarded writes: store operations that commit only
-// while the grant is still held.
+//
+// Lock names follow one rule on every store: see [ValidateName].
 package holdfast

@@ -1,10 +1,13 @@
 package holdfast_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/etcd"
 )
 
 // A resource guarded by a Fence accepts writes in token order: a holder
@@ -51,4 +54,40 @@ func ExampleValidateName() {
 	// "my lock": valid false, ErrInvalidArgument true
 	// "": valid false, ErrInvalidArgument true
 	// holdfast: invalid argument: invalid name: "locks//orders" has an empty path segment
+}
+
+// AsLocker adapts a backend's lock to a holdfast.Locker, for code that should
+// not depend on the store (here an embedded etcd).
+func ExampleAsLocker() {
+	c, err := embedtest.StartEtcd("", 1)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := etcd.Dial(ctx, c.Endpoints())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer s.Close()
+	m, err := etcd.NewMutex(s, "jobs/nightly")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	var l holdfast.Locker = holdfast.AsLocker[*etcd.Grant](m)
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, isEtcd := g.(*etcd.Grant) // the backend's grant, unchanged
+	fmt.Println("locked:", g.Token() > 0, "etcd grant:", isEtcd)
+	fmt.Println("unlock:", g.Unlock(ctx))
+	// Output:
+	// locked: true etcd grant: true
+	// unlock: <nil>
 }

@@ -13,11 +13,14 @@ if [ -z "${CONSUL_BIN:-}" ]; then CONSUL_BIN=$(./scripts/consul.sh) || exit 1; e
 
 # guard | package | tests meant to catch it (a go test -run pattern)
 table='
-core/margin|./internal/core/|TestKeeper|
+core/margin|./internal/core/|TestKeeperExpiresAtSentPlusTTLMinusMargin|TestGrantAccessors
+core/margin|./etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBeforeNextGrant
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
-etcd/release-guard|./etcd/|TestReleaseGuard
-etcd/txn-guard|./etcd/|TestGuardedTxn
-etcd/recheck-own-key|./etcd/|TestConformanceOneNode/ContextWhileWaiting|TestWaiter
+core/sync-deadline|./etcd/|TestContextEndsAtDeadline
+core/sync-deadline|./consul/|TestGrantContextAtDeadline
+etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
+etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
+etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
 consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
@@ -34,12 +37,16 @@ while IFS='|' read -r guard pkg run; do
   if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " == *" $guard "* ]]; then continue; fi
   ran=$((ran + 1))
   start=$(date +%s)
-  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants -count=1 -timeout 10m -run "$run" "$pkg" >"/tmp/holdfast-mutant-${guard//\//_}.log" 2>&1; then
-    echo "SURVIVED  $guard  ($pkg -run '$run' passed without it; log /tmp/holdfast-mutant-${guard//\//_}.log)"
+  log="/tmp/holdfast-mutant-${guard//\//_}-$(basename "$pkg").log"
+  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants -count=1 -timeout 10m -run "$run" "$pkg" >"$log" 2>&1; then
+    echo "SURVIVED  $guard  in $pkg ($pkg -run '$run' passed without it; log $log)"
+    survived=$((survived + 1))
+  elif grep -qE 'build failed|setup failed|panic:' "$log"; then
+    echo "ERROR     $guard  in $pkg: the build or the test binary broke, which proves nothing (log $log)"
     survived=$((survived + 1))
   else
-    caught=$(grep -E '^\s*--- FAIL' "/tmp/holdfast-mutant-${guard//\//_}.log" | sed 's/^ *--- FAIL: //; s/ (.*//' | head -4 | tr '\n' ' ')
-    echo "caught    $guard  in $(( $(date +%s) - start ))s by: ${caught:-build or package failure (see log)}"
+    caught=$(grep -E '^\s*--- FAIL' "$log" | sed 's/^ *--- FAIL: //; s/ (.*//' | head -4 | tr '\n' ' ')
+    echo "caught    $guard  in $pkg, $(( $(date +%s) - start ))s, by: ${caught:-build or package failure (see $log)}"
   fi
 done <<<"$table"
 echo "mutants: $ran run, $survived survived"

@@ -69,6 +69,7 @@ var brokenFakes = []struct {
 	{bugNoMargin, []string{"ToldBeforeNextGrant"}},
 	{bugUnguardedUnlock, []string{"LossNotice", "DoubleUnlock", "Reentrancy"}},
 	{bugLossCleanupUnguarded, []string{"DeletedKey"}},
+	{bugStaleUnlockByName, []string{"DeletedKey"}},
 	{bugReentrantIgnored, []string{"Reentrancy"}},
 	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
 	{bugGrantFromDeadSession, []string{"SessionClose"}},

@@ -63,6 +63,6 @@
 //     with ErrConflict.
 //   - BadInput: a nil context is ErrInvalidArgument.
 //
-// The suite is itself tested against a fake store with 27 deliberate bugs,
+// The suite is itself tested against a fake store with 28 deliberate bugs,
 // each of which some property must catch.
 package conformance

@@ -41,6 +41,7 @@ const (
 	bugNoMargin             = "no-margin"               // the safe deadline has no margin: told when the store expires
 	bugUnguardedUnlock      = "unguarded-unlock"        // Unlock deletes whoever holds the lock now, and never fails
 	bugLossCleanupUnguarded = "loss-cleanup-unguarded"  // after a loss, the cleanup deletes whoever holds the lock now
+	bugStaleUnlockByName    = "stale-unlock-by-name"    // a stale Unlock deletes the session's key by name, whatever grant it is now
 	bugReentrantIgnored     = "reentrant-ignored"       // WithReentrant has no effect
 	bugWaiterIgnoresKill    = "waiter-ignores-kill"     // a waiter keeps waiting after its session died
 	bugGrantFromDeadSession = "grant-from-dead-session" // a locker whose session is gone still hands out grants
@@ -709,6 +710,14 @@ func (g *fakeGrant) Unlock(ctx context.Context) error {
 	switch {
 	case g.count == 0 || g.ctx.Err() != nil:
 		g.mu.Unlock()
+		if st.bug == bugStaleUnlockByName {
+			st.mu.Lock()
+			e := st.keys[g.l.key]
+			st.mu.Unlock()
+			if e != nil {
+				st.delete(g.l.key, e)
+			}
+		}
 		if cause := context.Cause(g.ctx); cause != nil && !errors.Is(cause, holdfast.ErrReleased) {
 			return fmt.Errorf("%w: %s: %w", holdfast.ErrNotHeld, g.l.key, cause)
 		}

@@ -548,9 +548,9 @@ func testContextWhileWaiting(s *suite) {
 // change nothing (the grant stays held).
 func testBadInput(s *suite) {
 	a, o := s.locker(), s.locker()
-	//lint:ignore SA1012 a nil context is the bad input under test
 	for _, try := range []bool{false, true} {
-		r := s.await(start(nil, a, try), slack, "A: Lock or TryLock with a nil context") //nolint:staticcheck
+		//lint:ignore SA1012 a nil context is the bad input under test
+		r := s.await(start(nil, a, try), slack, "A: Lock or TryLock with a nil context")
 		switch {
 		case r.err == nil:
 			s.t.Errorf("A: try=%v with a nil context succeeded: %s", try, describe(r.g))
@@ -562,7 +562,8 @@ func testBadInput(s *suite) {
 		s.t.Errorf("keys after calls with a nil context: %q, want none", ks)
 	}
 	ga := s.lock(a, "A")
-	if err := s.unlockWith(nil, ga); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+	//lint:ignore SA1012 a nil context is the bad input under test
+	if err := s.unlockWith(nil, ga); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		s.t.Errorf("A: Unlock(nil): %v, want an error matching holdfast.ErrInvalidArgument", err)
 	}
 	if isDone(ga.Context()) {

@@ -396,7 +396,7 @@ func TestGrantUnlockNilContext(t *testing.T) {
 		f := newFakeStore()
 		g := f.grant(s)
 		//lint:ignore SA1012 testing the nil check
-		if err := g.Unlock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+		if err := g.Unlock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 			t.Fatalf("Unlock(nil): %v, want ErrInvalidArgument", err)
 		}
 		if !g.Held() || f.releaseCalls() != 0 {

@@ -26,6 +26,6 @@ bench:
 	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all
 
 # Remove each safety guard in turn (docs/GUARDS.md) and check that the tests
-# meant to catch its absence fail. About 10 minutes; not part of `make test`.
+# meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.
 mutants: consul
 	./scripts/mutants.sh

@@ -138,19 +138,18 @@ func (g *Grant) reenter() bool {
 func (g *Grant) lost() {
 	g.mu.Lock()
 	g.count = 0
-	g.mu.Unlock()
-	g.end()
-}
-
-// end starts the store release, once.
-func (g *Grant) end() {
-	g.mu.Lock()
-	if g.ending {
+	if g.ending { // Unlock ended it
 		g.mu.Unlock()
 		return
 	}
 	g.ending = true
 	g.mu.Unlock()
+	g.background()
+}
+
+// background runs the rest of the grant's end as a task of the session (see
+// finish), or completes it at once if the session has ended.
+func (g *Grant) background() {
 	if !g.bg.Go(g.finish) {
 		g.result = g.keeper.Err()
 		g.complete()
@@ -182,7 +181,10 @@ func (g *Grant) complete() {
 	close(g.finished)
 }
 
-// Unlock implements holdfast.Grant.
+// Unlock implements holdfast.Grant. The first release attempt runs in the
+// caller's goroutine, bounded by ctx (a handoff then costs no goroutine
+// switch); if it fails on a transport error or ctx, the session retries in
+// the background while Unlock waits for ctx.
 func (g *Grant) Unlock(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -200,10 +202,23 @@ func (g *Grant) Unlock(ctx context.Context) error {
 		g.mu.Unlock()
 		return nil
 	}
-	g.count = 0
+	g.count, g.ending = 0, true
 	g.cancel(holdfast.ErrReleased)
 	g.mu.Unlock()
-	g.end()
+	if err := g.keeper.Err(); err != nil {
+		g.result = err
+		g.complete()
+	} else {
+		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+		err := g.release(actx)
+		cancel()
+		if err == nil || Final(err) {
+			g.result = err
+			g.complete()
+		} else {
+			g.background()
+		}
+	}
 	select {
 	case <-g.finished:
 	case <-ctx.Done():

@@ -64,15 +64,15 @@ func (m *Mutex) Name() string { return m.name }
 // key) is removed by the session in the background, retried while the
 // session lives; until then the name cannot be locked again through this
 // session.
-func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
+func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
 
 // TryLock takes the lock only if no key exists under the name (no holder, no
 // waiter), in one request, and returns an error wrapping holdfast.ErrLocked
 // otherwise. It writes nothing when it fails (after a transport error, what
 // the request may have written is removed as after a failed Lock).
-func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
+func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
 
-func (m *Mutex) lock(ctx context.Context, wait bool) (*Grant, error) {
+func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
@@ -89,23 +89,23 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Grant, error) {
 	var free func()
 	var rev int64
 	var err error
-	if wait {
-		if free, err = s.names.Acquire(ctx, m.name); err != nil {
-			return nil, m.fail(ctx, err)
-		}
-		rev, err = m.q.acquire(ctx)
-	} else {
+	if try {
 		var ok bool
 		if free, ok = s.names.TryAcquire(m.name); !ok {
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
 		}
 		rev, err = m.q.tryAcquire(ctx)
+	} else {
+		if free, err = s.names.Acquire(ctx, m.name); err != nil {
+			return nil, m.fail(ctx, err)
+		}
+		rev, err = m.q.acquire(ctx)
 	}
 	if err == nil {
 		err = s.alive() // never hand out a grant of a session already lost
 	}
 	if err != nil {
-		if !wait && (errors.Is(err, holdfast.ErrLocked) || errors.Is(err, holdfast.ErrConflict)) ||
+		if try && (errors.Is(err, holdfast.ErrLocked) || errors.Is(err, holdfast.ErrConflict)) ||
 			rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
 			free() // refused: nothing was written
 		} else {

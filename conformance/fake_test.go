@@ -482,6 +482,10 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 			return nil, fmt.Errorf("fake: lock %s: %w", l.name, holdfast.ErrLocked)
 		}
 	} else {
+		sessDone := s.ctx.Done()
+		if st.bug == bugGrantFromDeadSession {
+			sessDone = nil
+		}
 		select {
 		case l.slot <- struct{}{}:
 		default:
@@ -489,7 +493,7 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 			case l.slot <- struct{}{}:
 			case <-ctx.Done():
 				return nil, fmt.Errorf("fake: lock %s: %w", l.name, ctx.Err())
-			case <-s.ctx.Done():
+			case <-sessDone:
 				return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(s.ctx))
 			}
 		}

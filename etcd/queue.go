@@ -238,19 +238,54 @@ func (q queue) read(ctx context.Context, rev int64) (ahead, error) {
 // 0 the put may or may not have applied, and the key is deleted whatever its
 // revision: within a session, only the holder of the name slot uses it.
 func (q queue) cleanup(rev int64, free func()) {
+	var deleted int64 // the revision of our delete
 	del := func(ctx context.Context) error {
 		txn := q.s.client.Txn(ctx)
 		if rev != 0 {
 			txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 		}
-		_, err := txn.Then(clientv3.OpDelete(q.key)).Commit()
+		resp, err := txn.Then(clientv3.OpDelete(q.key)).Commit()
+		if err == nil {
+			deleted = resp.Header.Revision
+		}
 		return storeErr(err)
 	}
 	if !q.s.bg.Go(func(ctx context.Context) {
-		defer free()
-		_ = core.Retry(ctx, del)
+		err := core.Retry(ctx, del)
+		free()
+		if rev == 0 && err == nil {
+			q.sweepLateJoin(ctx, deleted)
+		}
 	}) {
 		free() // the session is closing: revoking its lease removes the key
+	}
+}
+
+// lateJoinWatch bounds how long the session watches for a join request
+// that landed after its cleanup (see sweepLateJoin).
+const lateJoinWatch = 30 * time.Second
+
+// sweepLateJoin: our join request, whose outcome we never learnt, may still
+// be held somewhere in the network (on another connection than our delete)
+// and land after the delete of revision deleted, creating a key that no
+// acquisition of ours uses: a stale waiter that would stop the queue behind
+// it. For a while (lateJoinWatch, or until the session ends) the session
+// watches the key, and removes such a key if no acquisition or grant of
+// this session is using the name at that moment.
+func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
+	ctx, cancel := context.WithTimeout(ctx, lateJoinWatch)
+	defer cancel()
+	name := strings.TrimSuffix(q.pfx, "/")
+	for wr := range q.s.client.Watch(clientv3.WithRequireLeader(ctx), q.key, clientv3.WithRev(deleted+1), clientv3.WithFilterDelete()) {
+		for _, ev := range wr.Events {
+			free, ok := q.s.names.TryAcquire(name)
+			if !ok {
+				return // an acquisition of ours uses the key now: it is its own
+			}
+			_, _ = q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", ev.Kv.CreateRevision)).
+				Then(clientv3.OpDelete(q.key)).Commit()
+			free()
+		}
 	}
 }
 

@@ -50,6 +50,11 @@ var (
 	// ErrPermissionDenied means the store refused the request for lack of
 	// permission (an ACL).
 	ErrPermissionDenied = errors.New("holdfast: permission denied")
+
+	// ErrNoLeader means an election has no leader at the moment: nobody
+	// campaigns, or the last leader resigned or was lost and no candidate
+	// has won yet.
+	ErrNoLeader = errors.New("holdfast: no leader")
 )
 
 type wrapped struct {

@@ -119,3 +119,22 @@ func grant[G Grant](g G, err error) (Grant, error) {
 	}
 	return g, nil
 }
+
+// Leader is what an election publishes about its leader: the leader's key
+// in the store, the value it campaigned with (or proclaimed since), and its
+// term, the fencing token of its leadership grant. Terms of successive
+// leaders of one election strictly increase.
+//
+// The zero Leader (Key == "") means "no leader"; an election's Observe
+// delivers it when the last leader is gone and nobody has won yet.
+type Leader struct {
+	// Key is the leader's key (its Grant's Key); "" when there is no leader.
+	Key string
+	// Value is the leader's published value.
+	Value []byte
+	// Term is the fencing token of the leader's grant.
+	Term Token
+}
+
+// None reports whether l means "no leader".
+func (l Leader) None() bool { return l.Key == "" }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -62,13 +61,7 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if *f.ttl != 0 {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
 		}
-		var eps []string
-		for _, ep := range strings.Split(*f.endpoints, ",") {
-			if ep = strings.TrimSpace(ep); ep != "" {
-				eps = append(eps, ep)
-			}
-		}
-		s, err := hfetcd.Dial(ctx, eps, opts...)
+		s, err := hfetcd.Dial(ctx, splitList(*f.endpoints), opts...)
 		if err != nil {
 			return nil, err
 		}

@@ -11,8 +11,8 @@ import (
 
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/holdfast/holdfast/embedtest"
 	hfconsul "github.com/holdfast/holdfast/consul"
+	"github.com/holdfast/holdfast/embedtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 

@@ -15,12 +15,16 @@
 //     Fence.Admit does the same inside a transaction of yours. Nothing about
 //     your own tables changes.
 //   - A token column on each protected row: make the condition part of the
-//     write, and check that a row was affected with CheckRows:
+//     write, and check that a row was affected with CheckRows (see below).
 //
-//     res, err := db.ExecContext(ctx,
-//     `UPDATE accounts SET balance = $1, fence_token = $2
-//     WHERE id = $3 AND fence_token <= $2`, balance, int64(g.Token()), id)
-//     if err := sqlfence.CheckRows(res, err); err != nil { ... }
+// The token-column style:
+//
+//	res, err := db.ExecContext(ctx,
+//		`UPDATE accounts SET balance = $1, fence_token = $2
+//		 WHERE id = $3 AND fence_token <= $2`, balance, int64(g.Token()), id)
+//	if err := sqlfence.CheckRows(res, err); err != nil {
+//		// errors.Is(err, holdfast.ErrStaleToken): a newer holder wrote first
+//	}
 //
 // A refused write returns an error wrapping holdfast.ErrStaleToken. Tokens
 // are compared per resource, so use one resource name per lock (the lock's

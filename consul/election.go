@@ -31,9 +31,9 @@ import (
 // (deleting a free key left by an earlier holder in the same transaction),
 // so the term stays readable as the key's CreateIndex after Proclaim writes
 // a new value: Leader and Observe report CreateIndex when the key's
-// LockIndex is 1 (created by its acquisition), and ModifyIndex otherwise
-// (api.Lock holders, which acquire the existing key and never write it
-// while they hold it).
+// LockIndex is 1 (created by its acquisition; 0 after a plain write to a
+// held key), and ModifyIndex otherwise (api.Lock holders that acquired an
+// existing key, and never write it while they hold it).
 //
 // An Election belongs to one Session: Campaign calls through one Session on
 // one name take turns in-process (a second Campaign waits until the first
@@ -150,8 +150,8 @@ func (e *Election) Resign(ctx context.Context) error {
 
 // Proclaim replaces the leader's published value while this Election
 // leads: one transaction that checks that our session holds the lock key
-// and writes value to it (a write that keeps the key's session, flags and
-// CreateIndex, so the term does not change). If this Election does not
+// and acquires it again with value (a write that keeps the key's session,
+// flags, CreateIndex and LockIndex, so the term does not change). If this Election does not
 // lead, nothing is written and the error wraps holdfast.ErrNotHeld; a
 // Proclaim whose check fails in Consul also ends the leadership.
 func (e *Election) Proclaim(ctx context.Context, value []byte) error {
@@ -167,7 +167,10 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if !mutant.On("consul/proclaim-check-session") {
 		ops = append(ops, g.Guard()...)
 	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: g.Key(), Flags: api.LockFlagValue, Value: value}})
+	// An acquire by the holder keeps the key's session, CreateIndex and
+	// LockIndex (a plain set would zero LockIndex), and fails if another
+	// session holds the key.
+	ops = append(ops, lockOp(g.Key(), s.id, value))
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	_, err = s.txn(ctx, ops)
@@ -192,7 +195,7 @@ func leaderOf(kv *api.KVPair) holdfast.Leader {
 		return holdfast.Leader{}
 	}
 	term := kv.ModifyIndex
-	if kv.LockIndex == 1 {
+	if kv.LockIndex <= 1 {
 		term = kv.CreateIndex
 	}
 	return holdfast.Leader{Key: kv.Key, Value: kv.Value, Term: holdfast.Token(term)}

@@ -365,3 +365,97 @@ func TestManyFailoversEtcd(t *testing.T) {
 func TestManyFailoversConsul(t *testing.T) {
 	manyFailovers(t, consulStore(t, 0), 200)
 }
+
+// toldFirst: connected leaders that resign (their OnStartedLeading returns)
+// and a leader that is cut off (etcd: partitioned until its lease expires;
+// Consul: its session destroyed, with a lock-delay) all have their context
+// cancelled before the next leader's OnStartedLeading; the failover after
+// the cut is within bound. OnNewLeader sees the terms in order.
+func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration, every bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name, key := uniq(t), "resource/"+uniq(t)
+	j := newJournal()
+	var dones []<-chan error
+	var cuts []func()
+	for i := range 3 {
+		c, kill, cut := st.join(t, name)
+		if cut == nil {
+			cut = kill
+		}
+		cuts = append(cuts, cut)
+		writes := 5 // then resign
+		if i == 0 {
+			writes = 0 // lead until cut off
+		}
+		dones = append(dones, run(ctx, st, c, j, i, key, writes))
+		if i == 0 {
+			<-j.started // member 0 leads first
+		}
+	}
+	var observed []holdfast.Leader
+	var omu sync.Mutex
+	oc, _, _ := st.join(t, name)
+	odone := make(chan error, 1)
+	octx, ostop := context.WithCancel(ctx)
+	go func() {
+		odone <- leader.Run(octx, oc, leader.Config[G]{
+			OnStartedLeading: func(ctx context.Context, g G) { <-ctx.Done() },
+			OnNewLeader: func(l holdfast.Leader) {
+				omu.Lock()
+				observed = append(observed, l)
+				omu.Unlock()
+			},
+		})
+	}()
+	time.Sleep(300 * time.Millisecond) // the others queue behind member 0, and the observer
+	cutAt := time.Now()
+	cuts[0]()
+	next := <-j.started
+	took := next.at.Sub(cutAt)
+	t.Logf("failover after the cut: %v (bound %v)", took, bound)
+	if took > bound {
+		t.Errorf("failover took %v, more than %v", took, bound)
+	}
+	<-j.started // the third member, after the second resigned
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	ostop()
+	for _, d := range dones[1:] {
+		if err := <-d; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	<-odone
+	j.check(t, true)
+	omu.Lock()
+	defer omu.Unlock()
+	var terms []holdfast.Token
+	for _, l := range observed {
+		if !l.None() {
+			terms = append(terms, l.Term)
+		}
+	}
+	j.mu.Lock()
+	starts := slices.Clone(j.starts)
+	j.mu.Unlock()
+	if len(terms) > len(starts) {
+		terms = terms[:len(starts)] // then the observer's own term
+	}
+	if every && !slices.Equal(terms, starts) {
+		t.Errorf("OnNewLeader saw terms %v, leaders were %v", terms, starts)
+	}
+	if !every && !slices.IsSorted(terms) {
+		t.Errorf("OnNewLeader saw terms out of order: %v", terms)
+	}
+}
+
+func TestToldFirstEtcd(t *testing.T) {
+	ttl := etcd.MinTTL
+	toldFirst(t, etcdStore(t, ttl), ttl+500*time.Millisecond, true)
+}
+
+func TestToldFirstConsul(t *testing.T) {
+	delay := 300 * time.Millisecond
+	toldFirst(t, consulStore(t, delay), delay+500*time.Millisecond, false)
+}

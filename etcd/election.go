@@ -75,7 +75,7 @@ func (e *Election) Name() string { return e.name }
 // replaced with value, as concurrency.Election does.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	m := &Mutex{name: e.name, q: newQueue(e.s, e.name+"/")}
-	m.q.val = string(value)
+	m.q.value = string(value)
 	g, err := m.lock(ctx, false)
 	if err != nil {
 		return nil, err

@@ -169,7 +169,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 // session's. next is whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, next []waiter, free func()) (*Grant, error) {
-	g := &Grant{m: m, next: next, index: token}
+	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

@@ -175,7 +175,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 // session's. next is whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, next []waiter, free func(), plain bool) (*Grant, error) {
-	g := &Grant{m: m, next: next, index: token, plain: plain}
+	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token, plain: plain}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

@@ -472,3 +472,86 @@ func TestLockExitStatuses(t *testing.T) {
 		t.Errorf("keys left: %v", keys)
 	}
 }
+
+// maxConcurrent reads a log of "start"/"end" lines and returns the largest
+// number of runs in progress at once.
+func maxConcurrent(t *testing.T, log string) (most, runs int) {
+	t.Helper()
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Fields(string(data)) {
+		switch l {
+		case "start":
+			n++
+			runs++
+		case "end":
+			n--
+		}
+		most = max(most, n)
+	}
+	return most, runs
+}
+
+// TestLockPermits: with -n 2, at most two commands run at once, on etcd
+// and on Consul, where `consul lock -n 2` shares the permits.
+func TestLockPermits(t *testing.T) {
+	body := `echo start >> "$LOG"; sleep 0.3; echo end >> "$LOG"`
+	t.Run("etcd", func(t *testing.T) {
+		e := embedtest.Etcd(t)
+		log := filepath.Join(t.TempDir(), "log")
+		t.Setenv("LOG", log)
+		var ps []*proc
+		for range 5 {
+			ps = append(ps, start(t, "lock", "--endpoints", e.Endpoints()[0], "-n", "2", "pool", "--", "sh", "-c", body))
+		}
+		for _, p := range ps {
+			if code := p.wait(t, 60*time.Second); code != 0 {
+				t.Fatalf("exit %d; stderr: %s", code, p.stderr.String())
+			}
+		}
+		if most, runs := maxConcurrent(t, log); most != 2 || runs != 5 {
+			t.Errorf("%d runs, at most %d at once: want 5 runs, 2 at once", runs, most)
+		}
+		if keys := keysUnder(t, e.Client(t), "pool/"); len(keys) != 0 {
+			t.Errorf("keys left: %v", keys)
+		}
+	})
+	t.Run("consul", func(t *testing.T) {
+		a := embedtest.Consul(t)
+		bin, err := embedtest.ConsulBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := filepath.Join(t.TempDir(), "log")
+		t.Setenv("LOG", log)
+		var ps []*proc
+		var natives []*exec.Cmd
+		for i := range 6 {
+			if i%2 == 0 {
+				ps = append(ps, start(t, "lock", "--backend", "consul", "--addr", a.HTTPAddr, "-n", "2", "pool", "--", "sh", "-c", body))
+				continue
+			}
+			cmd := exec.Command(bin, "lock", "-http-addr="+a.HTTPAddr, "-n", "2", "pool", body)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			natives = append(natives, cmd)
+		}
+		for _, p := range ps {
+			if code := p.wait(t, 90*time.Second); code != 0 {
+				t.Fatalf("exit %d; stderr: %s", code, p.stderr.String())
+			}
+		}
+		for _, cmd := range natives {
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("consul lock -n 2: %v", err)
+			}
+		}
+		if most, runs := maxConcurrent(t, log); most > 2 || runs != 6 {
+			t.Errorf("%d runs, at most %d at once: want 6 runs, never more than 2 at once", runs, most)
+		}
+	})
+}

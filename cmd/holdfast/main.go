@@ -7,6 +7,7 @@
 // Commands:
 //
 //	lock    run a command while holding a lock
+//	elect   run a command while leader of an election, or watch an election
 //	status  show who holds and who waits for a lock or an election
 //	dev     run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo    show fencing at work: a paused holder's stale write is rejected
@@ -63,7 +64,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{lockCommand, statusCommand, devCommand, demoCommand, benchCommand, versionCommand, {
+	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, versionCommand, {
 		name:    "help",
 		summary: "show help for a command",
 		usage:   "holdfast help [command]",

@@ -10,6 +10,7 @@ import (
 	"github.com/holdfast/holdfast"
 	hfconsul "github.com/holdfast/holdfast/consul"
 	hfetcd "github.com/holdfast/holdfast/etcd"
+	"github.com/holdfast/holdfast/leader"
 )
 
 // storeFlags are the flags that say which store to use and how: shared by
@@ -98,6 +99,64 @@ func (s *session) mutex(name string) (holdfast.Locker, error) {
 		return nil, err
 	}
 	return holdfast.AsLocker(m), nil
+}
+
+// semaphore returns the semaphore called name with the given limit.
+func (s *session) semaphore(name string, limit int) (holdfast.Locker, error) {
+	if s.etcd != nil {
+		m, err := hfetcd.NewSemaphore(s.etcd, name, limit)
+		if err != nil {
+			return nil, err
+		}
+		return holdfast.AsLocker(m), nil
+	}
+	m, err := hfconsul.NewSemaphore(s.consul, name, limit)
+	if err != nil {
+		return nil, err
+	}
+	return holdfast.AsLocker(m), nil
+}
+
+// candidate is either backend's election, with holdfast.Grant grants.
+type candidate interface {
+	Campaign(ctx context.Context, value []byte) (holdfast.Grant, error)
+	Observe(ctx context.Context) <-chan holdfast.Leader
+}
+
+type anyCandidate[G holdfast.Grant] struct{ c leader.Candidate[G] }
+
+func (a anyCandidate[G]) Campaign(ctx context.Context, value []byte) (holdfast.Grant, error) {
+	g, err := a.c.Campaign(ctx, value)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (a anyCandidate[G]) Observe(ctx context.Context) <-chan holdfast.Leader { return a.c.Observe(ctx) }
+
+// election returns the election called name.
+func (s *session) election(name string) (candidate, error) {
+	if s.etcd != nil {
+		e, err := hfetcd.NewElection(s.etcd, name)
+		if err != nil {
+			return nil, err
+		}
+		return anyCandidate[*hfetcd.Grant]{e}, nil
+	}
+	e, err := hfconsul.NewElection(s.consul, name)
+	if err != nil {
+		return nil, err
+	}
+	return anyCandidate[*hfconsul.Grant]{e}, nil
+}
+
+// Err returns why the session ended, or nil while it lives.
+func (s *session) Err() error {
+	if s.etcd != nil {
+		return s.etcd.Err()
+	}
+	return s.consul.Err()
 }
 
 // Close closes the session: the store forgets whatever it still holds.

@@ -101,7 +101,7 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 type state struct {
 	Backend string  `json:"backend"`
 	Name    string  `json:"name"`
-	Kind    string  `json:"kind"` // lock, election or semaphore
+	Kind    string  `json:"kind"`            // lock, election or semaphore
 	Limit   int     `json:"limit,omitempty"` // a semaphore's
 	Index   uint64  `json:"index"`
 	Entries []entry `json:"entries"`

@@ -59,7 +59,7 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			}
 			return observeElection(ctx, e, sf, args[0], *jsonOut)
 		}
-		name, argv, err := splitCommand(fs, args)
+		name, argv, err := splitCommand(args)
 		if err != nil {
 			return err
 		}

@@ -97,7 +97,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	return func(ctx context.Context, e *env, args []string) error {
-		name, argv, err := splitCommand(fs, args)
+		name, argv, err := splitCommand(args)
 		if err != nil {
 			return err
 		}
@@ -148,17 +148,14 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 
 var errTimeout = errors.New("timed out waiting")
 
-// splitCommand splits "NAME [flags] [--] CMD [ARGS...]", parsing the flags
-// that follow NAME with fs.
-func splitCommand(fs *flag.FlagSet, args []string) (name string, argv []string, err error) {
+// splitCommand splits the positional arguments "NAME CMD [ARGS...]" (the
+// flags, before or after NAME, and the "--" before CMD are taken by the
+// parser; "--" is needed only when CMD has options of its own).
+func splitCommand(args []string) (name string, argv []string, err error) {
 	if len(args) == 0 {
 		return "", nil, usagef("missing NAME and command")
 	}
-	name = args[0]
-	if err := fs.Parse(args[1:]); err != nil {
-		return "", nil, usagef("%v", err)
-	}
-	argv = fs.Args()
+	name, argv = args[0], args[1:]
 	if len(argv) == 0 {
 		return "", nil, usagef("missing the command to run after NAME")
 	}

@@ -168,8 +168,12 @@ type reader interface {
 func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 	switch *f.backend {
 	case "etcd":
+		eps, err := endpointList("--endpoints", *f.endpoints)
+		if err != nil {
+			return nil, err
+		}
 		c, err := clientv3.New(clientv3.Config{
-			Endpoints:   splitList(*f.endpoints),
+			Endpoints:   eps,
 			DialTimeout: 5 * time.Second,
 			Logger:      zap.NewNop(),
 			Context:     ctx,

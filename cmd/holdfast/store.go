@@ -25,11 +25,12 @@ type storeFlags struct {
 
 // addStoreFlags declares the store flags on fs. Defaults come from the
 // environment variables the native tools read (ETCDCTL_ENDPOINTS,
-// CONSUL_HTTP_ADDR) and HOLDFAST_BACKEND.
+// CONSUL_HTTP_ADDR; Consul's client also reads CONSUL_HTTP_TOKEN and its TLS
+// variables), HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	return &storeFlags{
 		backend:   fs.String("backend", envOr("HOLDFAST_BACKEND", "etcd"), "store: etcd or consul ($HOLDFAST_BACKEND)"),
-		endpoints: fs.String("endpoints", envOr("ETCDCTL_ENDPOINTS", "127.0.0.1:2379"), "etcd endpoints, comma-separated ($ETCDCTL_ENDPOINTS)"),
+		endpoints: fs.String("endpoints", envOr("HOLDFAST_ENDPOINTS", envOr("ETCDCTL_ENDPOINTS", "127.0.0.1:2379")), "etcd endpoints, comma-separated ($HOLDFAST_ENDPOINTS, else $ETCDCTL_ENDPOINTS)"),
 		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address ($CONSUL_HTTP_ADDR)"),
 		ttl:       fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)"),
 		lockDelay: fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)"),
@@ -62,7 +63,11 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if *f.ttl != 0 {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
 		}
-		s, err := hfetcd.Dial(ctx, splitList(*f.endpoints), opts...)
+		eps, err := endpointList("--endpoints", *f.endpoints)
+		if err != nil {
+			return nil, err
+		}
+		s, err := hfetcd.Dial(ctx, eps, opts...)
 		if err != nil {
 			return nil, err
 		}

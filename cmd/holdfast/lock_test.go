@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/holdfast/holdfast/embedtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
@@ -583,5 +585,82 @@ func TestLockPermits(t *testing.T) {
 		if most, runs := maxConcurrent(t, log); most > 2 || runs != 6 {
 			t.Errorf("%d runs, at most %d at once: want 6 runs, never more than 2 at once", runs, most)
 		}
+	})
+}
+
+// TestLockNativeFirst: with a native client holding the name first
+// (concurrency.Mutex, the layout of etcdctl lock; api.Lock, what consul lock
+// uses), holdfast lock waits, and runs its command once the native client
+// releases; --try fails meanwhile.
+func TestLockNativeFirst(t *testing.T) {
+	ran := func(dir string) string { return filepath.Join(dir, "ran") }
+	check := func(t *testing.T, args []string, release func()) {
+		t.Helper()
+		dir := t.TempDir()
+		p := start(t, append(append([]string{"lock", "--try"}, args...), "--", "touch", ran(dir))...)
+		if code := p.wait(t, 30*time.Second); code != exitNotAcquired {
+			t.Fatalf("--try while a native client holds: exit %d, want %d; stderr %s", code, exitNotAcquired, p.stderr.String())
+		}
+		p = start(t, append(append([]string{"lock"}, args...), "--", "touch", ran(dir))...)
+		time.Sleep(500 * time.Millisecond)
+		if _, err := os.Stat(ran(dir)); err == nil {
+			t.Fatal("the command ran while a native client held the lock")
+		}
+		release()
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("after the native release: exit %d; stderr %s", code, p.stderr.String())
+		}
+		if _, err := os.Stat(ran(dir)); err != nil {
+			t.Fatal("the command did not run after the native release")
+		}
+	}
+	t.Run("etcd", func(t *testing.T) {
+		e := embedtest.Etcd(t)
+		ns, err := concurrency.NewSession(e.Client(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		m := concurrency.NewMutex(ns, "native/first")
+		if err := m.Lock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		check(t, []string{"--endpoints", e.Endpoints()[0], "native/first"}, func() {
+			if err := m.Unlock(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+		// And holdfast first: the native TryLock fails while the command runs.
+		dir := t.TempDir()
+		t.Setenv("RELEASE", filepath.Join(dir, "release"))
+		p := start(t, "lock", "--endpoints", e.Endpoints()[0], "native/first", "--", "sh", "-c", `touch "$RELEASE.started"; while [ ! -e "$RELEASE" ]; do sleep 0.05; done`)
+		eventually(t, 20*time.Second, "the command did not start", func() bool { _, err := os.Stat(filepath.Join(dir, "release.started")); return err == nil })
+		if err := m.TryLock(context.Background()); !errors.Is(err, concurrency.ErrLocked) {
+			t.Fatalf("native TryLock while holdfast holds: %v, want ErrLocked", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if code := p.wait(t, 20*time.Second); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		if err := m.TryLock(context.Background()); err != nil {
+			t.Fatalf("native TryLock after holdfast released: %v", err)
+		}
+	})
+	t.Run("consul", func(t *testing.T) {
+		a := embedtest.Consul(t)
+		l, err := a.Client(t).LockOpts(&api.LockOptions{Key: "native/first/.lock", SessionTTL: "15s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Lock(nil); err != nil {
+			t.Fatal(err)
+		}
+		check(t, []string{"--backend", "consul", "--addr", a.HTTPAddr, "native/first"}, func() {
+			if err := l.Unlock(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	})
 }

@@ -64,6 +64,26 @@ func (t *Tracker) Exempt(token holdfast.Token) {
 	t.exempt[token] = true
 }
 
+// Grant returns client's current grant, or nil.
+func (t *Tracker) Grant(client int) holdfast.Grant {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live[client]
+}
+
+// Holder returns a client that holds a grant whose context is not done,
+// if any.
+func (t *Tracker) Holder() (int, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c, g := range t.live {
+		if g.Context().Err() == nil {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
 // LiveTokens returns the tokens of the grants currently recorded as held.
 func (t *Tracker) LiveTokens() map[int]holdfast.Token {
 	t.mu.Lock()

@@ -3,6 +3,7 @@ package safety
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -14,9 +15,10 @@ import (
 type Workload struct {
 	// Clients is how many clients run (default 4).
 	Clients int
-	// Writes is how many fenced writes a client makes per grant (default
-	// 2), pausing Hold between them (default 10 ms). A client stops writing
-	// once its grant's context is done.
+	// Writes bounds how many fenced writes a client makes per grant (a
+	// random number from 1 to Writes; default 2), pausing Hold between
+	// them (default 10 ms). A client stops writing once its grant's context
+	// is done.
 	Writes int
 	Hold   time.Duration
 	// LockTimeout bounds each Lock (default 10 s).
@@ -113,7 +115,7 @@ func (w *Workload) client(ctx context.Context, c int) Stats {
 		h.Add(Op{Client: c, Kind: Acquire, Token: g.Token(), OK: true, Call: call, Return: ret})
 		st.Grants++
 		w.Tracker.Granted(c, g)
-		for range writes {
+		for range 1 + rand.IntN(writes) {
 			if g.Context().Err() != nil {
 				break
 			}

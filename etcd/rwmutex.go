@@ -225,11 +225,15 @@ func (rw *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 		return rw.downgradeByNewKey(ctx, w)
 	}
 	value := w.Key() + " " + strconv.FormatInt(w.rev, 10)
-	put := clientv3.OpPut(rw.marker, value, clientv3.WithLease(s.lease))
+	ops := []clientv3.Op{clientv3.OpPut(rw.marker, value, clientv3.WithLease(s.lease))}
+	if mutant.On("etcd/rw-write-key-untouched") {
+		// Mark the write key itself: same create revision, newer mod revision.
+		ops = append(ops, clientv3.OpPut(w.Key(), "", clientv3.WithLease(s.lease)))
+	}
 	var resp *clientv3.TxnResponse
 	err := core.Retry(ctx, func(actx context.Context) error {
 		var err error
-		resp, err = s.client.Txn(actx).If(w.Guard()).Then(put).Commit()
+		resp, err = s.client.Txn(actx).If(w.Guard()).Then(ops...).Commit()
 		return storeErr(err)
 	})
 	dropMarker := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(rw.marker), "=", value)}, []clientv3.Op{clientv3.OpDelete(rw.marker)}, nil)

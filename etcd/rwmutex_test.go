@@ -195,6 +195,10 @@ func TestRWMutexDowngrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g1 := granted(t, r1, 2*time.Second, "reader queued behind the downgraded writer")
+	within(t, "downgrade to reader admitted", time.Since(start), 100*time.Millisecond)
+	waiting(t, w2, 300*time.Millisecond, "writer queued behind the downgraded writer")
+	waiting(t, r2, 10*time.Millisecond, "reader queued behind the second writer")
 	if dg.Key() != wg.Key() || dg.Token() != wg.Token() {
 		t.Fatalf("read grant %s token %d, want the write grant's %s token %d", dg.Key(), dg.Token(), wg.Key(), wg.Token())
 	}
@@ -204,10 +208,6 @@ func TestRWMutexDowngrade(t *testing.T) {
 	if err := wg.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Fatalf("Unlock of the downgraded write grant: %v, want ErrNotHeld", err)
 	}
-	g1 := granted(t, r1, 2*time.Second, "reader queued behind the downgraded writer")
-	within(t, "downgrade to reader admitted", time.Since(start), 100*time.Millisecond)
-	waiting(t, w2, 300*time.Millisecond, "writer queued behind the downgraded writer")
-	waiting(t, r2, 10*time.Millisecond, "reader queued behind the second writer")
 	if _, err := dg.Txn(ctx, clientv3.OpPut("rw-downgrade-data", "x")); err != nil {
 		t.Fatalf("guarded Txn of the read grant: %v", err)
 	}
@@ -234,11 +234,40 @@ func TestRWMutexDowngrade(t *testing.T) {
 	}
 	// The session can take the name again (the slot went to the read grant
 	// and back).
-	again, err := rw.TryLock(ctx)
+	wg, err = rw.TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := again.Unlock(ctx); err != nil {
+	if err := wg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A writer queued right behind a downgraded writer keeps waiting: a new
+// read key in place of the write key would be newer than that writer, which
+// would stop waiting for it (the etcd/rw-downgrade-in-place guard).
+func TestRWMutexDowngradeKeepsWriterWaiting(t *testing.T) {
+	c := embedtest.Etcd(t)
+	cli := c.Client(t)
+	ctx := context.Background()
+	name := "rw/downgrade-writer"
+	rw := newRWMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name)
+	wg, err := rw.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w3 := lockAsync(ctx, newRWMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name).Lock)
+	waitQueued(t, cli, name, 2)
+	dg, err := rw.Downgrade(ctx, wg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting(t, w3, 300*time.Millisecond, "writer queued right behind the downgraded writer")
+	if err := dg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g4 := granted(t, w3, 2*time.Second, "writer after the read grant")
+	if err := g4.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -388,6 +417,34 @@ func TestRWMutexRecipeInterop(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(nw, 2*time.Second, "recipe writer last")
+	if err := native.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The recipe's writer orders keys by mod revision: a downgrade that
+	// rewrote the write key would let it in beside the read grant once the
+	// holdfast reader between them leaves (the etcd/rw-write-key-untouched
+	// guard).
+	wg, err = wrw.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr = lockAsync(ctx, rw.RLock)
+	waitQueued(t, cli, name, 2)
+	nw = nativeAsync(native.Lock)
+	waitQueued(t, cli, name, 3)
+	if dg, err = wrw.Downgrade(ctx, wg); err != nil {
+		t.Fatal(err)
+	}
+	hg = granted(t, hr, 2*time.Second, "holdfast reader behind the downgraded writer")
+	if err := hg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blocked(nw, 300*time.Millisecond, "recipe writer while the downgraded grant reads")
+	if err := dg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect(nw, 2*time.Second, "recipe writer after the downgraded grant")
 	if err := native.Unlock(); err != nil {
 		t.Fatal(err)
 	}

@@ -288,7 +288,9 @@ const lateJoinWatch = 30 * time.Second
 // acquisition of ours uses: a stale waiter that would stop the queue behind
 // it. For a while (lateJoinWatch, or until the session ends) the session
 // watches the key, and removes such a key if no acquisition or grant of
-// this session is using the name at that moment.
+// this session is using the name at that moment, or if the one that does
+// uses the name's other key (a read-write lock's reader and writer keys
+// differ).
 func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 	ctx, cancel := context.WithTimeout(ctx, lateJoinWatch)
 	defer cancel()
@@ -297,27 +299,18 @@ func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 		for _, ev := range wr.Events {
 			free, ok := q.s.names.TryAcquire(name)
 			if !ok {
-				// An acquisition of ours uses the name now. If it uses this
-				// key (it reuses a key it finds), its end deletes it; if it
-				// uses another key of the name (a read-write lock has two),
-				// the late key is stale: wait for the name, then remove that
-				// incarnation if it is still there.
-				if free, ok = q.waitName(name); !ok {
-					return
+				if k, found := q.s.using.Load(name); !found || k.(string) == q.key {
+					return // an acquisition of ours uses the key now: it is its own
 				}
+				// The acquisition uses the name's other key (a read-write
+				// lock has two): this one is stale, and may be ahead of it.
+				free = func() {}
 			}
 			_, _ = q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", ev.Kv.CreateRevision)).
 				Then(clientv3.OpDelete(q.key)).Commit()
 			free()
 		}
 	}
-}
-
-// waitName waits for the session's slot of name while the session lives
-// (not only while the sweep watches).
-func (q queue) waitName(name string) (func(), bool) {
-	free, err := q.s.names.Acquire(q.s.keeper.Context(), name)
-	return free, err == nil
 }
 
 // first returns the first key of a range answer in a Txn, or nil.

@@ -264,6 +264,13 @@ func take(ctx context.Context, q queue, name string, try bool, acquire func(cont
 			return nil, failed(ctx, s, name, err)
 		}
 	}
+	s.using.Store(name, q.key)
+	free = func(free func()) func() {
+		return func() {
+			s.using.CompareAndDelete(name, q.key)
+			free()
+		}
+	}(free)
 	rev, err := acquire(ctx)
 	if err == nil {
 		err = s.alive() // never hand out a grant of a session already lost

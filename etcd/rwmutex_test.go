@@ -28,11 +28,6 @@ func newRWMutex(t *testing.T, s *etcd.Session, name string) *etcd.RWMutex {
 	return rw
 }
 
-func rwSession(t *testing.T, c *embedtest.Cluster) *etcd.RWMutex {
-	t.Helper()
-	return newRWMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "rw/"+t.Name())
-}
-
 // Readers share, a writer excludes everyone: checked by counters updated
 // only while a grant holds (each holder also writes through its guarded
 // Txn), with many readers seen together.
@@ -594,7 +589,6 @@ func TestRWMutexBadInput(t *testing.T) {
 	}
 	rw := newRWMutex(t, s, "rw/bad")
 	for what, lock := range map[string]func(context.Context) (*etcd.Grant, error){"Lock": rw.Lock, "RLock": rw.RLock, "TryLock": rw.TryLock, "TryRLock": rw.TryRLock} {
-		//lint:ignore SA1012 checks that a nil context is refused, not a panic
 		if _, err := lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 			t.Errorf("%s(nil): %v", what, err)
 		}

@@ -625,3 +625,83 @@ func TestRWMutexBadInput(t *testing.T) {
 		t.Errorf("Downgrade of a released grant: %v, want ErrNotHeld", err)
 	}
 }
+
+// With the store frozen, Semaphore.Lock, RWMutex.RLock and Downgrade honour
+// their contexts, and what they left is removed once the store is back.
+func TestCountingFrozenStore(t *testing.T) {
+	c := embedtest.Etcd(t)
+	cli := c.Client(t)
+	ctx := context.Background()
+	bounded := func(t *testing.T, what string, f func(context.Context) error) {
+		t.Helper()
+		fctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := f(fctx)
+		within(t, what+" on a frozen store", time.Since(start), 500*time.Millisecond)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: %v, want DeadlineExceeded", what, err)
+		}
+	}
+	hg, err := newSemaphore(t, newSession(t, c, etcd.WithTTL(10*time.Second)), "frozen/sem", 1).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg, err := newRWMutex(t, newSession(t, c, etcd.WithTTL(10*time.Second)), "frozen/rw").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, p := proxiedSession(t, c, etcd.WithTTL(10*time.Second))
+	sem := newSemaphore(t, s, "frozen/sem", 1)
+	rw := newRWMutex(t, s, "frozen/rw")
+
+	// Frozen before the call: no watch can be created, nothing is written.
+	p.Pause()
+	bounded(t, "Semaphore.Lock", func(ctx context.Context) error { _, err := sem.Lock(ctx); return err })
+	bounded(t, "RWMutex.RLock", func(ctx context.Context) error { _, err := rw.RLock(ctx); return err })
+	p.Mend()
+
+	// Frozen while waiting.
+	for _, tc := range []struct {
+		name string
+		lock func(context.Context) (*etcd.Grant, error)
+	}{{"frozen/sem", sem.Lock}, {"frozen/rw", rw.RLock}} {
+		lctx, cancel := context.WithCancel(ctx)
+		ch := lockAsync(lctx, tc.lock)
+		waitQueued(t, cli, tc.name, 2)
+		p.Pause()
+		start := time.Now()
+		cancel()
+		if r := <-ch; !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("%s: %v", tc.name, r.err)
+		}
+		within(t, tc.name+" cancelled on a frozen store", time.Since(start), 100*time.Millisecond)
+		p.Mend()
+		waitFor(t, 3*time.Second, tc.name+" waiter key removed", func() bool { return len(keys(t, cli, tc.name+"/")) == 1 })
+	}
+	if err := hg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := wg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Downgrade on a frozen store: bounded; the write grant has ended, and
+	// the key (and the marker, if it landed) are removed once the store is
+	// back, after which the session can take the name again.
+	w, err := rw.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Pause()
+	bounded(t, "Downgrade", func(ctx context.Context) error { _, err := rw.Downgrade(ctx, w); return err })
+	if !errors.Is(context.Cause(w.Context()), holdfast.ErrReleased) {
+		t.Fatalf("write grant after a failed downgrade: %v", context.Cause(w.Context()))
+	}
+	p.Mend()
+	waitFor(t, 3*time.Second, "keys removed after the failed downgrade", func() bool { return len(keys(t, cli, "frozen/rw/")) == 0 })
+	waitFor(t, time.Second, "TryLock through the same session", func() bool {
+		g, err := rw.TryLock(ctx)
+		return err == nil && g.Unlock(ctx) == nil
+	})
+}

@@ -336,7 +336,8 @@ func first(op *pb.ResponseOp) *mvccpb.KeyValue {
 //     also needs puts) and wait until the server confirms the watch.
 //  2. Join: one Txn puts our key (if absent) and, before the put, counts
 //     the keys that block us (all of them are ahead of us then). Fewer than
-//     limit: we hold.
+//     limit: we hold. A join whose outcome is unknown (transport error) is
+//     sent again: if the first one put our key, the second reuses it.
 //  3. Wait: every event after the join that removes a key created before
 //     ours (its previous value's create revision is below ours) lowers the
 //     count (the counter says which events count); when it drops below
@@ -398,9 +399,27 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 		return notJoined, err
 	}
 	defer func() { stop() }()
-	rev, n, seen, err := q.joinCounted(ctx, c)
-	if err != nil {
-		return rev, err
+	var n int
+	var seen int64
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		rev, n, seen, err = q.joinCounted(ctx, c)
+		if err == nil {
+			break
+		}
+		if rev != 0 || ctx.Err() != nil || core.Final(storeErr(err)) {
+			return rev, err
+		}
+		// A transport error (or the server's "request timed out"): the join
+		// may have applied. Join again: the absent-key compare makes the
+		// second join reuse our key if the first one put it, and a first
+		// join that lands late writes nothing.
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, err
+		}
 	}
 	for {
 		if n < c.limit() {

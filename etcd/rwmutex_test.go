@@ -705,3 +705,97 @@ func TestCountingFrozenStore(t *testing.T) {
 		return err == nil && g.Unlock(ctx) == nil
 	})
 }
+
+// Churn on 3 members: readers and writers on different members, some giving
+// up while they wait, some writers downgrading; never a writer beside
+// anyone (counted in-process), and every key gone at the end.
+func TestRWMutexChurnThreeMembers(t *testing.T) {
+	c := embedtest.EtcdCluster(t, 3)
+	admin := c.Client(t)
+	ctx := context.Background()
+	const name, workers, rounds = "rw/churn", 8, 8
+	var readers, writers, mostReaders, downgrades, gaveUp atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*rounds)
+	for w := range workers {
+		cli := c.Client(t, func(cfg *clientv3.Config) { cfg.Endpoints = []string{c.Endpoint(w % 3)} })
+		s, err := etcd.NewSession(ctx, cli, etcd.WithTTL(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		rw := newRWMutex(t, s, name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				write := rand.IntN(2) == 0
+				lock := rw.RLock
+				if write {
+					lock = rw.Lock
+				}
+				lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				if rand.IntN(4) == 0 {
+					cancel()
+					lctx, cancel = context.WithTimeout(ctx, time.Duration(5+rand.IntN(30))*time.Millisecond)
+				}
+				g, err := lock(lctx)
+				cancel()
+				if err != nil {
+					gaveUp.Add(1)
+					if !errors.Is(err, context.DeadlineExceeded) {
+						errs <- err
+					}
+					continue
+				}
+				enterRead := func(check bool) {
+					n := readers.Add(1)
+					for m := mostReaders.Load(); n > m && !mostReaders.CompareAndSwap(m, n); m = mostReaders.Load() {
+					}
+					if check && writers.Load() != 0 {
+						errs <- errors.New("a reader beside a writer")
+					}
+				}
+				if write {
+					if writers.Add(1) != 1 || readers.Load() != 0 {
+						errs <- fmt.Errorf("a writer beside %d writers and %d readers", writers.Load()-1, readers.Load())
+					}
+					time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+					if rand.IntN(2) == 0 {
+						// Count ourselves as a reader before the downgrade
+						// lands, so that a reader let in is never seen
+						// beside our writer count.
+						enterRead(false) // we are the writer
+						writers.Add(-1)
+						dg, err := rw.Downgrade(ctx, g)
+						if err != nil {
+							errs <- err
+							readers.Add(-1)
+							continue
+						}
+						downgrades.Add(1)
+						g, write = dg, false
+					} else {
+						writers.Add(-1)
+					}
+				} else {
+					enterRead(true)
+				}
+				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+				if !write {
+					readers.Add(-1)
+				}
+				if err := g.Unlock(ctx); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d downgrades, %d gave up, most readers at once %d", downgrades.Load(), gaveUp.Load(), mostReaders.Load())
+	waitFor(t, 5*time.Second, "no key left", func() bool { return len(keys(t, admin, name+"/")) == 0 })
+}

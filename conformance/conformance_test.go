@@ -55,12 +55,12 @@ var brokenFakes = []struct {
 }{
 	{bugLIFO, []string{"FIFO"}},
 	{bugNoExclusion, []string{"MutualExclusion"}},
-	{bugSessionToken, []string{"MutualExclusion", "LossNotice"}},
+	{bugSessionToken, []string{"MutualExclusion", "LossNotice", "RWTokens", "ElectionOneLeader"}},
 	{bugZeroToken, []string{"MonotonicTokens"}},
 	{bugKeyOutside, []string{"MonotonicTokens"}},
-	{bugTryLockBlocks, []string{"TryLock"}},
+	{bugTryLockBlocks, []string{"TryLock", "SemaphoreTryLock"}},
 	{bugTryLockBarges, []string{"TryLock"}},
-	{bugLeakyCancel, []string{"CancelCleanup"}},
+	{bugLeakyCancel, []string{"CancelCleanup", "SemaphoreCancelCleanup", "RWCancelCleanup", "ElectionLeader"}},
 	{bugCancelledFreeLock, []string{"CancelCleanup"}},
 	{bugReleaseCause, []string{"MonotonicTokens", "Reentrancy"}},
 	{bugNoLossNotice, []string{"LossNotice"}},
@@ -81,6 +81,20 @@ var brokenFakes = []struct {
 	{bugNilContext, []string{"BadInput"}},
 	{bugHerd, []string{"NoHerd"}},
 	{bugLeakGoroutine, []string{"CheckGoroutines"}},
+
+	{bugSemOverAdmit, []string{"SemaphoreLimit", "SemaphoreTryLock"}},
+	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
+	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
+	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
+	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
+	{bugRWReadersExclusive, []string{"RWReadersShare"}},
+	{bugElectTwoLeaders, []string{"ElectionOneLeader"}},
+	{bugElectTermsDecrease, []string{"ElectionOneLeader", "ElectionFailover"}},
+	{bugElectToldLate, []string{"ElectionResign"}},
+	{bugLeaderNoError, []string{"ElectionLeader"}},
+	{bugObserveOutOfOrder, []string{"ElectionObserve"}},
+	{bugObserveSkips, []string{"ElectionObserve"}},
+	{bugObserveNoNone, []string{"ElectionObserve"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -184,4 +198,7 @@ var allSubtests = []string{
 	"MutualExclusion", "FIFO", "NoHerd", "TryLock", "CancelCleanup", "MonotonicTokens",
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
+	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens",
+	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
 }

@@ -49,7 +49,7 @@ type ahead struct {
 // caller cleans up with rev 0.
 func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
-	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all).Commit()
 	if err != nil {
@@ -89,7 +89,7 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	last := clientv3.OpGet(q.pfx, clientv3.WithLastCreate()...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
-	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
 	resp, err := q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
 	if err != nil {
@@ -105,6 +105,12 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 			return 0, errors.New("own key vanished")
 		}
 		rev = mine.CreateRevision
+		if string(mine.Value) != q.value { // publish our value, as concurrency.Election does
+			put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+			if _, err := q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).Then(put).Commit(); err != nil {
+				return rev, err // else read checks that our key is still ours
+			}
+		}
 		if a, err = q.read(ctx, rev); err != nil {
 			return rev, err
 		}

@@ -6,13 +6,19 @@
 //
 // Commands:
 //
+//	lock    run a command while holding a lock
+//	elect   run a command while leader of an election, or watch an election
+//	status  show who holds and who waits for a lock or an election
+//	dev     run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo    show fencing at work: a paused holder's stale write is rejected
 //	bench   benchmark holdfast's locks against the stores' native recipes
+//	version print the version
 //	help    show help for a command
 //
 // Run "holdfast help <command>" for a command's flags. Exit status: 0 on
 // success, 1 when a command fails (including a benchmark that saw a
-// violation or an error), 2 on bad usage.
+// violation or an error), 2 on bad usage; lock documents its own statuses
+// (the command's status, 122 lost, 124 not acquired, 125 failed...).
 package main
 
 import (
@@ -36,6 +42,9 @@ type command struct {
 	// flags declares the command's flags on fs and returns the function
 	// that runs it with the parsed flags and the remaining arguments.
 	flags func(fs *flag.FlagSet) func(ctx context.Context, env *env, args []string) error
+	// ownSignals: the command handles SIGINT and SIGTERM itself (it passes
+	// them on to a child); other commands' context is cancelled by them.
+	ownSignals bool
 }
 
 // env is what a command may use of its surroundings; tests replace it.
@@ -55,7 +64,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{demoCommand, benchCommand, {
+	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, versionCommand, {
 		name:    "help",
 		summary: "show help for a command",
 		usage:   "holdfast help [command]",
@@ -72,10 +81,7 @@ func lookup(name string) *command {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
-	stop()
-	os.Exit(code)
+	os.Exit(run(context.Background(), &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
 }
 
 // run runs the command line args and returns the exit status.
@@ -106,11 +112,22 @@ func run(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "holdfast %s: %v\nRun 'holdfast help %s' for usage.\n", c.name, err, c.name)
 		return 2
 	}
+	if !c.ownSignals {
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+	}
 	err := runFn(ctx, e, fs.Args())
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &ee):
+		if ee.err != nil {
+			fmt.Fprintf(e.stderr, "holdfast %s: %v\n", c.name, ee.err)
+		}
+		return ee.code
 	case errors.As(err, &ue):
 		fmt.Fprintf(e.stderr, "holdfast %s: %v\nRun 'holdfast help %s' for usage.\n", c.name, err, c.name)
 		return 2

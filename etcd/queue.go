@@ -51,12 +51,13 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all).Commit()
+	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...) // with its value: a semaphore's?
+	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all, head).Commit()
 	if err != nil {
 		return 0, err
 	}
 	if !resp.Succeeded {
-		if err := q.conflict(resp.Responses[0].GetResponseRange().GetKvs()...); err != nil {
+		if err := q.conflict(append(resp.Responses[0].GetResponseRange().GetKvs(), first(resp.Responses[1]))...); err != nil {
 			return 0, err
 		}
 		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])

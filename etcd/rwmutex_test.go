@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+	"google.golang.org/grpc"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
@@ -798,4 +799,64 @@ func TestRWMutexChurnThreeMembers(t *testing.T) {
 	}
 	t.Logf("%d downgrades, %d gave up, most readers at once %d", downgrades.Load(), gaveUp.Load(), mostReaders.Load())
 	waitFor(t, 5*time.Second, "no key left", func() bool { return len(keys(t, admin, name+"/")) == 0 })
+}
+
+// Readers and writers cost the same two unary RPCs per acquisition (join and
+// release) however many wait: their waits are driven by the prefix watch.
+func TestRWMutexRPCs(t *testing.T) {
+	c := embedtest.Etcd(t)
+	var requests atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		requests.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli := c.Client(t, func(cfg *clientv3.Config) {
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(count))
+	})
+	ctx := context.Background()
+	const n, rounds = 16, 4
+	rws := make([]*etcd.RWMutex, n)
+	for i := range rws {
+		s, err := etcd.NewSession(ctx, cli, etcd.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		rws[i] = newRWMutex(t, s, "rw/rpcs")
+	}
+	start := requests.Load()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i, rw := range rws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				lock := rw.RLock
+				if (i+r)%3 == 0 {
+					lock = rw.Lock
+				}
+				g, err := lock(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				time.Sleep(time.Millisecond)
+				if err := g.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	per := float64(requests.Load()-start) / (n * rounds)
+	t.Logf("%d contenders (a third writers): %.3f unary RPCs per acquisition", n, per)
+	if per > 2.2 {
+		t.Fatalf("%.3f unary RPCs per acquisition, want 2", per)
+	}
 }

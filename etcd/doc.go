@@ -9,6 +9,18 @@
 // `etcdctl lock <name>` and concurrency.NewMutex(session, name) exclude
 // holdfast on the same name, and the other way round.
 //
+// A Semaphore admits at most N holders of a name at once, with the same
+// layout (each contender's key carries the limit, so clients that disagree
+// on it get holdfast.ErrConflict instead of over-admission). A RWMutex is a
+// FIFO read-write lock with the layout of etcd's recipe.RWMutex ("<name>/read/..."
+// and "<name>/write/..."), which it excludes and is excluded by; a write
+// grant can be downgraded to a read grant in place. Their permits and
+// grants are the same *Grant as a Mutex's (token, guarded Txn, loss
+// notice). Their waiters are woken by one watch of the name's prefix,
+// opened before they join, so an acquisition costs two requests whatever
+// the number of contenders. A Mutex, a Semaphore and a RWMutex may not
+// share a name: whoever comes second gets holdfast.ErrConflict.
+//
 // What holdfast adds over the concurrency recipe:
 //
 //   - a fencing token on every grant: the create revision of the holder's key;

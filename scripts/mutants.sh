@@ -24,6 +24,12 @@ etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
+etcd/semaphore-count|./etcd/|TestSemaphoreCountsOnlyKeysAhead
+etcd/semaphore-own-key|./etcd/|TestSemaphoreWaiterKeyDeleted
+etcd/semaphore-limit|./etcd/|TestSemaphoreLimitMismatch
+etcd/rw-downgrade-in-place|./etcd/|TestRWMutexDowngradeKeepsWriterWaiting
+etcd/rw-write-key-untouched|./etcd/|TestRWMutexRecipeInterop
+etcd/rw-marker-check|./etcd/|TestRWMutexStaleMarker
 consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
 consul/handoff-check-next|./consul/|TestHandoffSkipsWaiterThatLeft|TestHandoffCancelRace

@@ -65,9 +65,9 @@ func runElectionAct(ctx context.Context, out io.Writer, a electionAct) (election
 	var (
 		fence    holdfast.Fence
 		mu       sync.Mutex
-		frozen   = -1        // the candidate that is frozen
-		frozenAt time.Time   // when
-		endedAt  time.Time   // when the frozen leader's context ended
+		frozen   = -1      // the candidate that is frozen
+		frozenAt time.Time // when
+		endedAt  time.Time // when the frozen leader's context ended
 		second   = make(chan struct{})
 		proxies  []*embedtest.Proxy
 		sessions []*hfetcd.Session

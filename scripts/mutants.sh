@@ -24,8 +24,10 @@ etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
+etcd/proclaim-guard|./etcd/|TestProclaimGuarded
 consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
+consul/proclaim-check-session|./consul/|TestProclaimGuarded
 consul/handoff-check-next|./consul/|TestHandoffSkipsWaiterThatLeft|TestHandoffCancelRace
 consul/session-watch|./consul/|TestSessionDestroyedNoticed|TestConformance/LossNotice
 consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestStaleUnlockSameSession

@@ -217,10 +217,9 @@ func (e etcdElections) name() string {
 }
 
 type etcdElector struct {
-	cli      *clientv3.Client
-	campaign func(ctx context.Context) error
-	id       clientv3.LeaseID
-	closeFn  func()
+	cli     *clientv3.Client
+	id      clientv3.LeaseID
+	closeFn func()
 }
 
 func (c *etcdElector) sessionID() string { return fmt.Sprintf("%x", int64(c.id)) }

@@ -377,3 +377,41 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestCampaignCancelLeavesNothing: a Campaign that gives up, and one whose
+// session is destroyed while it waits, leave nothing in Consul; the leader
+// is unaffected.
+func TestCampaignCancelLeavesNothing(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(ctx, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(cctx, []byte("two")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
+	}
+	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	s3 := newSession(t, c, WithLockDelay(0))
+	done := make(chan error, 1)
+	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	destroy(t, c, s3.ID())
+	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
+		t.Fatalf("Campaign of a destroyed session: %v", err)
+	}
+	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	if g.Context().Err() != nil {
+		t.Fatal("the leader's context ended")
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Fatalf("keys left: %v", ks)
+	}
+}

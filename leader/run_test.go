@@ -452,9 +452,13 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 	}
 }
 
+// TestToldFirstEtcd: the failover after the leader is cut off is at most
+// TTL after its last keepalive, plus up to 500 ms (etcd revokes expired
+// leases on a 500 ms tick), so within TTL + 0.5 s of the cut; the assertion
+// allows 0.5 s more for a loaded machine (the figure is logged).
 func TestToldFirstEtcd(t *testing.T) {
 	ttl := etcd.MinTTL
-	toldFirst(t, etcdStore(t, ttl), ttl+500*time.Millisecond, true)
+	toldFirst(t, etcdStore(t, ttl), ttl+time.Second, true)
 }
 
 func TestToldFirstConsul(t *testing.T) {

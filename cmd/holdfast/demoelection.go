@@ -32,8 +32,11 @@ type electionResult struct {
 	Stale     int              // writes of the frozen leader that the fence refused
 }
 
+// ok: a second leader with a higher term, the frozen leader told first,
+// and a failover within TTL + 0.5 s (etcd revokes expired leases on a
+// 500 ms tick) with 0.5 s to spare for a loaded machine.
 func (r electionResult) ok(a electionAct) bool {
-	return len(r.Terms) >= 2 && r.ToldFirst && r.Failover <= a.TTL+500*time.Millisecond
+	return len(r.Terms) >= 2 && r.Terms[1] > r.Terms[0] && r.ToldFirst && r.Failover <= a.TTL+time.Second
 }
 
 // runElectionAct runs the third act: candidates run leader.Run on one etcd

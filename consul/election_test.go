@@ -415,3 +415,24 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestObserveEndsWithSession: Observe's channel is closed when the session
+// ends.
+func TestObserveEndsWithSession(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	s := newSession(t, c, WithLockDelay(0))
+	obs := newElection(t, s, uniqueName(t)).Observe(context.Background())
+	if l := nextLeader(t, obs, 5*time.Second); !l.None() {
+		t.Fatalf("first: %+v, want no leader", l)
+	}
+	_ = s.Close()
+	select {
+	case _, ok := <-obs:
+		if ok {
+			t.Fatal("a change after the session closed")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Observe's channel not closed with the session")
+	}
+}

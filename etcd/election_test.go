@@ -406,3 +406,26 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestObserveEndsWithSession: Observe's channel is closed when the session
+// ends, and at once for a nil context.
+func TestObserveEndsWithSession(t *testing.T) {
+	c := embedtest.Etcd(t)
+	s := newSession(t, c, etcd.WithTTL(5*time.Second))
+	e := newElection(t, s, "svc/ends")
+	obs := e.Observe(context.Background())
+	next(t, obs, 5*time.Second)
+	_ = s.Close()
+	select {
+	case _, ok := <-obs:
+		if ok {
+			t.Fatal("a change after the session closed")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Observe's channel not closed with the session")
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if _, ok := <-e.Observe(nil); ok { //nolint:staticcheck
+		t.Fatal("Observe(nil) delivered")
+	}
+}

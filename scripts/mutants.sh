@@ -22,6 +22,7 @@ core/margin|./etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBe
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
 etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
+etcd/txn-guard|./leader/|TestManyFailoversEtcd
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
 etcd/proclaim-guard|./etcd/|TestProclaimGuarded

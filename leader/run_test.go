@@ -395,6 +395,9 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 			<-j.started // member 0 leads first
 		}
 	}
+	// The observer is a candidate too (leader.Run campaigns): it joins the
+	// queue after the others, so that it would lead only after them.
+	time.Sleep(300 * time.Millisecond)
 	var observed []holdfast.Leader
 	var omu sync.Mutex
 	oc, _, _ := st.join(t, name)
@@ -410,7 +413,7 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 			},
 		})
 	}()
-	time.Sleep(300 * time.Millisecond) // the others queue behind member 0, and the observer
+	time.Sleep(300 * time.Millisecond) // the observer queues behind the others
 	cutAt := time.Now()
 	cuts[0]()
 	next := <-j.started

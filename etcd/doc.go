@@ -21,6 +21,17 @@
 // the number of contenders. A Mutex, a Semaphore and a RWMutex may not
 // share a name: whoever comes second gets holdfast.ErrConflict.
 //
+// An [Election] has the key layout of concurrency.Election (candidates'
+// keys "<name>/<lease ID in hex>" with the proposal as value, the leader
+// being the lowest create revision), so `etcdctl elect <name>` and
+// concurrency.NewElection(session, name) campaign in the same queue and see
+// the same leader. Campaign waits with the Mutex's algorithm (re-checking
+// its own key, cleaning up on every error) and returns the leadership as a
+// *Grant whose token is the term; Resign, a guarded Proclaim, Leader (an
+// error wrapping holdfast.ErrNoLeader when there is none) and Observe, which
+// delivers every leader in order, "no leader" included. leader.Run drives
+// an Election in a loop.
+//
 // What holdfast adds over the concurrency recipe:
 //
 //   - a fencing token on every grant: the create revision of the holder's key;

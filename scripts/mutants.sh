@@ -22,6 +22,7 @@ core/margin|./etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBe
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
 etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
+etcd/txn-guard|./leader/|TestManyFailoversEtcd
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
 etcd/semaphore-count|./etcd/|TestSemaphoreCountsOnlyKeysAhead
@@ -30,8 +31,10 @@ etcd/semaphore-limit|./etcd/|TestSemaphoreLimitMismatch
 etcd/rw-downgrade-in-place|./etcd/|TestRWMutexDowngradeKeepsWriterWaiting
 etcd/rw-write-key-untouched|./etcd/|TestRWMutexRecipeInterop
 etcd/rw-marker-check|./etcd/|TestRWMutexStaleMarker
+etcd/proclaim-guard|./etcd/|TestProclaimGuarded
 consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
+consul/proclaim-check-session|./consul/|TestProclaimGuarded
 consul/handoff-check-next|./consul/|TestHandoffSkipsWaiterThatLeft|TestHandoffCancelRace
 consul/session-watch|./consul/|TestSessionDestroyedNoticed|TestConformance/LossNotice
 consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestStaleUnlockSameSession

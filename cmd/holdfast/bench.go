@@ -29,6 +29,9 @@ Scenarios:
   handoff   8 and 32 contenders, hold 1 ms (handoffs_per_s)
   takeover  a holder's session is destroyed/revoked while a waiter waits
             (Consul: lock-delay 0, 1 s, 15 s; takeover_ms, notice_ms)
+  election  a leader's session is revoked/destroyed while a candidate waits and an
+            observer watches (failover_ms, observe_ms; etcd: concurrency.Election,
+            Consul: api.Lock with the proposal as value)
   all       all three (about 3 minutes on Consul, 1 minute on etcd)
 
 Output: an aligned table and one ratio line (holdfast/native) per setting, or
@@ -39,7 +42,7 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election or all")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "warm-up before each contended row's window")
@@ -88,9 +91,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--lock-delays: %v", err)
 		}
 		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioAll:
+		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioAll:
 		default:
-			return usagef("--scenario must be lock, handoff, takeover or all, not %q", *scenario)
+			return usagef("--scenario must be lock, handoff, takeover, election or all, not %q", *scenario)
 		}
 		switch *backend {
 		case "etcd":

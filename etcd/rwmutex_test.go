@@ -139,7 +139,7 @@ func TestRWMutexFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg := granted(t, w, 2*time.Second, "writer")
-	within(t, "reader-to-writer handoff", time.Since(start), 100*time.Millisecond)
+	within(t, "reader-to-writer handoff", time.Since(start), 250*time.Millisecond) // prompt on a loaded 2-core box (measured 4-6 ms when idle)
 	if want := fmt.Sprintf("%s/write/%x", name, int64(ws.Lease())); wg.Key() != want {
 		t.Fatalf("write key %q, want %q", wg.Key(), want)
 	}
@@ -152,7 +152,7 @@ func TestRWMutexFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	g3 := granted(t, r3, 2*time.Second, "reader behind the writer")
-	within(t, "writer-to-reader handoff", time.Since(start), 100*time.Millisecond)
+	within(t, "writer-to-reader handoff", time.Since(start), 250*time.Millisecond)
 	if g3.Token() <= wg.Token() {
 		t.Fatalf("reader token %d not above the writer's before it (%d)", g3.Token(), wg.Token())
 	}

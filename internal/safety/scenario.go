@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/hashicorp/consul/api"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
@@ -300,13 +301,14 @@ type ConsulOptions struct {
 	Log      io.Writer
 }
 
-// RunConsul runs the Consul scenario on a dev agent: Clients clients, each
-// through its own fault proxy, take one lock (TTL 10 s, lock-delay 1 s)
-// and write to a fenced resource, while holders' sessions are destroyed
-// from outside and clients' connections are blackholed or frozen beyond
-// the TTL. Grants whose session is destroyed from outside are exempt from
-// the told-first check (nobody can be told before that happens); the fence
-// still judges their writes.
+// RunConsul runs the Consul scenario on a real 3-server cluster: Clients
+// clients, each through its own fault proxy to one server's HTTP API, take
+// one lock (TTL 10 s, lock-delay 1 s) and write to a fenced resource, while
+// the leader or a follower server is killed and restarted, holders'
+// sessions are destroyed from outside, and clients' connections are
+// blackholed or frozen around the TTL. Grants whose session is destroyed
+// from outside are exempt from the told-first check (nobody can be told
+// before that happens); the fence still judges their writes.
 func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	if o.Duration <= 0 {
 		o.Duration = 20 * time.Second
@@ -319,29 +321,33 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 			fmt.Fprintf(o.Log, format+"\n", a...)
 		}
 	}
-	agent, err := embedtest.StartConsul()
+	c, err := embedtest.StartConsulCluster(3)
 	if err != nil {
 		return Summary{}, err
 	}
-	defer agent.Close()
-	admin, err := agent.NewClient()
-	if err != nil {
-		return Summary{}, err
-	}
+	defer c.Close()
 	proxies := make([]*embedtest.Proxy, o.Clients)
 	sessions := make([]*consul.Session, o.Clients)
 	var smu sync.Mutex
 	for i := range proxies {
-		if proxies[i], err = embedtest.NewProxy(agent.HTTPAddr); err != nil {
+		if proxies[i], err = embedtest.NewProxy(c.HTTPAddr(i % c.Size())); err != nil {
 			return Summary{}, err
 		}
 		defer proxies[i].Close()
+	}
+	// admin returns a client of a running server.
+	admin := func() (*api.Client, error) {
+		l, err := c.WaitLeader(30 * time.Second)
+		if err != nil {
+			return nil, err
+		}
+		return c.NewClient(l)
 	}
 	name := fmt.Sprintf("safety/consul/%d", time.Now().UnixNano())
 	w := &Workload{
 		Clients:  o.Clients,
 		Writes:   12,
-		Hold:     100 * time.Millisecond, // holds of 0.1 to 1.2 s
+		Hold:     100 * time.Millisecond,
 		Resource: NewResource(),
 		History:  NewHistory(),
 		Tracker:  &Tracker{},
@@ -366,59 +372,88 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	faults := &faultLog{}
-	done := make(chan struct{})
+	faultErr := make(chan error, 1)
 	go func() {
-		defer close(done)
-		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
-		kinds := []string{"destroy-session", "blackhole-client", "pause-client"}
-		for runCtx.Err() == nil {
-			sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
-			if runCtx.Err() != nil {
-				return
-			}
-			kind := kinds[rng.IntN(len(kinds))]
-			v := rng.IntN(o.Clients)
-			if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
-				v = h
-			}
-			g := w.Tracker.Grant(v)
-			if kind == "destroy-session" {
-				smu.Lock()
-				s := sessions[v]
-				smu.Unlock()
-				if g == nil || s == nil {
-					continue // destroy holders only
+		faultErr <- func() error {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+			kinds := []string{"kill-leader", "kill-follower", "destroy-session", "blackhole-client", "pause-client"}
+			for runCtx.Err() == nil {
+				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
+				if runCtx.Err() != nil {
+					return nil
 				}
-				faults.count(kind)
-				logf("%s: client %d", kind, v)
-				w.Tracker.Exempt(g.Token())
-				faults.victim(w.History, g)
-				_, _ = admin.Session().Destroy(s.ID(), nil)
-				continue
+				kind := kinds[rng.IntN(len(kinds))]
+				v := rng.IntN(o.Clients)
+				if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
+					v = h
+				}
+				g := w.Tracker.Grant(v)
+				switch kind {
+				case "kill-leader", "kill-follower":
+					leader, err := c.WaitLeader(30 * time.Second)
+					if err != nil {
+						return err
+					}
+					m := leader
+					if kind == "kill-follower" {
+						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
+					}
+					faults.count(kind)
+					logf("%s: server %d", kind, m)
+					if err := c.Kill(m); err != nil {
+						return err
+					}
+					sleep(runCtx, time.Duration(1000+rng.IntN(3000))*time.Millisecond)
+					if err := c.Restart(m); err != nil {
+						return err
+					}
+				case "destroy-session":
+					smu.Lock()
+					s := sessions[v]
+					smu.Unlock()
+					if g == nil || s == nil {
+						continue // destroy holders only
+					}
+					cli, err := admin()
+					if err != nil {
+						return err
+					}
+					faults.count(kind)
+					logf("%s: client %d", kind, v)
+					w.Tracker.Exempt(g.Token())
+					faults.victim(w.History, g)
+					_, _ = cli.Session().Destroy(s.ID(), nil)
+				default:
+					faults.count(kind)
+					logf("%s: client %d", kind, v)
+					faults.victim(w.History, g)
+					if kind == "blackhole-client" {
+						proxies[v].Blackhole()
+					} else {
+						proxies[v].Pause()
+					}
+					sleep(runCtx, time.Duration(3000+rng.IntN(10000))*time.Millisecond) // below and beyond the TTL
+					proxies[v].Mend()
+				}
 			}
-			faults.count(kind)
-			logf("%s: client %d", kind, v)
-			faults.victim(w.History, g)
-			if kind == "blackhole-client" {
-				proxies[v].Blackhole()
-			} else {
-				proxies[v].Pause()
-			}
-			sleep(runCtx, time.Duration(3000+rng.IntN(10000))*time.Millisecond) // below and beyond the TTL
-			proxies[v].Mend()
-		}
+			return nil
+		}()
 	}()
 	st := w.Run(runCtx)
-	<-done
+	err = <-faultErr
 	for _, p := range proxies {
 		p.Mend()
 	}
-	s := Summary{Backend: "consul (dev agent)", Duration: o.Duration}
+	s := Summary{Backend: "consul (3 servers)", Duration: o.Duration}
 	finish(&s, w, st, faults)
+	cli, aerr := admin()
+	if aerr != nil {
+		return s, errors.Join(err, aerr)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		keys, _, err := admin.KV().Keys(name+"/", "", nil)
-		if err == nil && len(keys) == 0 {
+		keys, _, kerr := cli.KV().Keys(name+"/", "", nil)
+		if kerr == nil && len(keys) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -427,5 +462,5 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return s, nil
+	return s, err
 }

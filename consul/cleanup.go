@@ -15,6 +15,9 @@ import (
 // we did not learn, or a handoff to us while we were giving up).
 type leftover struct {
 	name, lockKey, queueKey string
+	// fn, if set, is the cleanup itself (a Semaphore's or RWMutex's: see
+	// permits.leave); the keys above are then unused.
+	fn func(context.Context) error
 }
 
 // cleanUp removes l as a background task of the session, retried (see
@@ -65,6 +68,9 @@ func (s *Session) abandon(l leftover) {
 // that read or never happens. The caller holds the name in s.names, so that
 // no grant or acquisition of ours uses these keys meanwhile.
 func (s *Session) clean(ctx context.Context, l leftover) error {
+	if l.fn != nil {
+		return l.fn(ctx)
+	}
 	ops := api.TxnOps{kvOp(api.KVDelete, l.queueKey), kvOp(api.KVGetOrEmpty, l.lockKey)}
 	resp, err := s.txn(ctx, ops)
 	var rb *rollback

@@ -40,14 +40,22 @@ import (
 // index, so tokens of successive grants strictly increase); it does not
 // change when the key is poked.
 type Grant struct {
-	base *core.Grant // key, token, context, reentrancy, release
-	m    *Mutex
+	base   *core.Grant // key, token, context, reentrancy, release
+	s      *Session
+	prefix string // "<name>/": the primitive's own keys, which Txn refuses
+	m      *Mutex // a Mutex's grant; nil for a permit (see permit)
+	// permit is set on a Semaphore's or RWMutex's grant: what its release
+	// and Downgrade need (see permits.go).
+	permit *permitHold
 
 	// Used only by the release, which runs once, in one goroutine: whom to
 	// hand the lock to (up to two waiters, in queue order), and the lock
 	// key's ModifyIndex as we last saw it.
 	next  []waiter
 	index uint64
+	// plain: an election's grant, released by a guarded delete, never
+	// handed over (the lock key's value is the leader's).
+	plain bool
 }
 
 var _ holdfast.Grant = (*Grant)(nil)
@@ -73,13 +81,13 @@ func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
 // Session returns the ID of the Consul session that holds the grant.
-func (g *Grant) Session() string { return g.m.s.id }
+func (g *Grant) Session() string { return g.s.id }
 
 // Guard returns the operation that succeeds exactly while this grant is
 // held: a check-session of the lock key on our session. Put it first in
 // your own /v1/txn transactions; Txn does it for you.
 func (g *Grant) Guard() api.TxnOps {
-	return api.TxnOps{checkSession(g.Key(), g.m.s.id)}
+	return api.TxnOps{checkSession(g.Key(), g.s.id)}
 }
 
 // Txn runs ops in one Consul transaction (/v1/txn) that applies only while
@@ -118,15 +126,15 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := g.m.s.txn(ctx, append(guard, ops...))
+	resp, err := g.s.txn(ctx, append(guard, ops...))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
 		if rb.denied() {
 			return nil, txnError("guarded transaction on "+g.Key(), rb)
 		}
-		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.Key(), g.m.s.id))
-		g.m.s.checkSoon()
+		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.Key(), g.s.id))
+		g.s.checkSoon()
 		return nil, g.base.NotHeld()
 	case rb != nil:
 		for _, e := range resp.Errors {
@@ -151,9 +159,9 @@ func (g *Grant) checkOps(ops api.TxnOps) error {
 		switch {
 		case op == nil:
 			return fmt.Errorf("%w: operation %d is nil", holdfast.ErrInvalidArgument, i)
-		case op.KV != nil && strings.HasPrefix(op.KV.Key, g.m.prefix):
-			return fmt.Errorf("%w: operation %d (%s %s) touches the lock's own keys, under %s", holdfast.ErrInvalidArgument, i, op.KV.Verb, op.KV.Key, g.m.prefix)
-		case op.KV != nil && op.KV.Verb == api.KVDeleteTree && strings.HasPrefix(g.m.prefix, op.KV.Key):
+		case op.KV != nil && strings.HasPrefix(op.KV.Key, g.prefix):
+			return fmt.Errorf("%w: operation %d (%s %s) touches the lock's own keys, under %s", holdfast.ErrInvalidArgument, i, op.KV.Verb, op.KV.Key, g.prefix)
+		case op.KV != nil && op.KV.Verb == api.KVDeleteTree && strings.HasPrefix(g.prefix, op.KV.Key):
 			return fmt.Errorf("%w: operation %d deletes the tree %q, which holds the lock's own keys", holdfast.ErrInvalidArgument, i, op.KV.Key)
 		}
 	}
@@ -186,7 +194,7 @@ var errStale = errors.New("the lock key or its next waiter changed")
 func (g *Grant) release(ctx context.Context) error {
 	s := g.m.s
 	var err error
-	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+	if !g.plain && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 		err = g.handOver(ctx)
 		for i := 0; i < 3 && errors.Is(err, errStale); i++ {
 			if err = g.refresh(ctx); err == nil {

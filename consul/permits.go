@@ -1,0 +1,926 @@
+package consul
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/mutant"
+)
+
+// This file is the engine that Semaphore and RWMutex share: permits counted
+// in a JSON lock key "<name>/.lock" (no session, updated by CAS on its
+// ModifyIndex) and contender keys "<name>/<session ID>" acquired with their
+// session, api.Semaphore's layout. See Semaphore for the algorithm.
+
+// RWMutexFlagValue is the flags value of an RWMutex's keys ("holdrwlk" in
+// ASCII). api.Lock (LockFlagValue), api.Semaphore (SemaphoreFlagValue) and
+// holdfast's Mutex and Semaphore refuse a lock key with these flags, and an
+// RWMutex refuses theirs.
+const RWMutexFlagValue uint64 = 0x686f6c6472776c6b
+
+// Values of holdfast's contender keys. A contender key is created with its
+// waiting value (the mode it waits for) and set to valHeld, in the same
+// transaction as the lock-key write that admits it; so its ModifyIndex is
+// then the grant's token. valHeldNext says that the same write admitted the
+// next waiter in the queue too (so that waiter, which watches this key, knows
+// it is admitted without a read). Keys with other values are foreign
+// contenders (api.Semaphore, `consul lock -n`): holdfast never waits for
+// them and never hands them a permit.
+const (
+	valWait     = "holdfast"       // a Semaphore's waiter
+	valRead     = "holdfast read"  // an RWMutex's waiting reader
+	valWrite    = "holdfast write" // an RWMutex's waiting writer
+	valHeld     = "holdfast held"
+	valHeldNext = "holdfast held+next"
+)
+
+// maxLeaveAttempts bounds the attempts of one release or cleanup before it
+// reports errStale (and core.Retry tries again after a pause).
+const maxLeaveAttempts = 8
+
+// permitState is the content of the lock key: who holds a permit.
+type permitState struct {
+	limit   int             // a Semaphore's limit; 0 for an RWMutex
+	holders map[string]bool // by session ID; true: exclusive (an RWMutex's writer)
+}
+
+func (st permitState) clone() permitState {
+	return permitState{limit: st.limit, holders: maps.Clone(st.holders)}
+}
+
+// semaphoreLock is api.Semaphore's lock value.
+type semaphoreLock struct {
+	Limit   int
+	Holders map[string]bool
+}
+
+// decodeSemaphoreLock decodes a Semaphore's lock value as api.Semaphore
+// does: an empty value is a fresh lock with the given limit; every name in
+// Holders is a holder (whatever its boolean). It never panics; a value that
+// is not such JSON, or has a limit below 1, is an error.
+func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
+	if len(value) == 0 {
+		return permitState{limit: limit, holders: map[string]bool{}}, nil
+	}
+	var l semaphoreLock
+	if err := json.Unmarshal(value, &l); err != nil {
+		return permitState{}, fmt.Errorf("not a semaphore's JSON value: %w", err)
+	}
+	if l.Limit < 1 {
+		return permitState{}, fmt.Errorf("semaphore limit %d", l.Limit)
+	}
+	st := permitState{limit: l.Limit, holders: make(map[string]bool, len(l.Holders))}
+	for h := range l.Holders {
+		st.holders[h] = false
+	}
+	return st, nil
+}
+
+// encodeSemaphoreLock is the inverse of decodeSemaphoreLock.
+func encodeSemaphoreLock(st permitState) []byte {
+	l := semaphoreLock{Limit: st.limit, Holders: make(map[string]bool, len(st.holders))}
+	for h := range st.holders {
+		l.Holders[h] = true
+	}
+	b, _ := json.Marshal(l) // cannot fail
+	return b
+}
+
+// rwLock is an RWMutex's lock value: {"Holders":{"<session>":"read"|"write"}}.
+type rwLock struct {
+	Holders map[string]string
+}
+
+// decodeRWLock decodes an RWMutex's lock value: an empty value means no
+// holders; one writer and any reader together, or a mode other than "read"
+// and "write", is an error.
+func decodeRWLock(value []byte) (permitState, error) {
+	st := permitState{holders: map[string]bool{}}
+	if len(value) == 0 {
+		return st, nil
+	}
+	var l rwLock
+	if err := json.Unmarshal(value, &l); err != nil {
+		return permitState{}, fmt.Errorf("not a read-write lock's JSON value: %w", err)
+	}
+	writers := 0
+	for h, mode := range l.Holders {
+		switch mode {
+		case "read":
+			st.holders[h] = false
+		case "write":
+			st.holders[h] = true
+			writers++
+		default:
+			return permitState{}, fmt.Errorf("holder %q has mode %q", h, mode)
+		}
+	}
+	if writers > 0 && len(st.holders) > 1 {
+		return permitState{}, fmt.Errorf("a writer and %d other holders", len(st.holders)-1)
+	}
+	return st, nil
+}
+
+func encodeRWLock(st permitState) []byte {
+	l := rwLock{Holders: make(map[string]string, len(st.holders))}
+	for h, x := range st.holders {
+		l.Holders[h] = "read"
+		if x {
+			l.Holders[h] = "write"
+		}
+	}
+	b, _ := json.Marshal(l)
+	return b
+}
+
+// permits is a Semaphore's or an RWMutex's keys and rules.
+type permits struct {
+	s       *Session
+	kind    string // "semaphore" or "read-write lock", for errors
+	name    string
+	prefix  string // name + "/"
+	lockKey string // name + "/.lock"
+	myKey   string // name + "/" + session ID: our contender key
+	flags   uint64
+	limit   int // a Semaphore's; 0 for an RWMutex
+}
+
+func newPermits(s *Session, kind, name string, flags uint64, limit int) *permits {
+	myKey := name + "/" + s.id
+	return &permits{
+		s: s, kind: kind, name: myKey[:len(name)], prefix: myKey[:len(name)+1],
+		lockKey: name + lockSuffix, myKey: myKey, flags: flags, limit: limit,
+	}
+}
+
+func (p *permits) rw() bool { return p.limit == 0 }
+
+// decode returns the lock key's state, or an error wrapping
+// holdfast.ErrConflict if it is not ours to use: foreign flags, a value we
+// cannot decode, or a semaphore limit other than ours.
+func (p *permits) decode(lock *api.KVPair) (permitState, error) {
+	if lock == nil {
+		return permitState{limit: p.limit, holders: map[string]bool{}}, nil
+	}
+	if lock.Flags != p.flags {
+		return permitState{}, fmt.Errorf("%w: %s has flags %#x, not a %s's %#x", holdfast.ErrConflict, p.lockKey, lock.Flags, p.kind, p.flags)
+	}
+	var st permitState
+	var err error
+	if p.rw() {
+		st, err = decodeRWLock(lock.Value)
+	} else {
+		st, err = decodeSemaphoreLock(lock.Value, p.limit)
+	}
+	switch {
+	case err != nil:
+		return permitState{}, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
+	case !p.rw() && st.limit != p.limit:
+		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrConflict, p.name, st.limit, p.limit)
+	}
+	return st, nil
+}
+
+func (p *permits) encode(st permitState) []byte {
+	if p.rw() {
+		return encodeRWLock(st)
+	}
+	return encodeSemaphoreLock(st)
+}
+
+// waitValue is the value of our contender key while it waits.
+func (p *permits) waitValue(exclusive bool) []byte {
+	switch {
+	case !p.rw():
+		return []byte(valWait)
+	case exclusive:
+		return []byte(valWrite)
+	}
+	return []byte(valRead)
+}
+
+// fits reports whether a contender (exclusive: an RWMutex's writer) may be
+// admitted beside the holders of st.
+func (p *permits) fits(st permitState, exclusive bool) bool {
+	if !p.rw() {
+		return len(st.holders) < p.limit
+	}
+	if exclusive {
+		return len(st.holders) == 0
+	}
+	for _, x := range st.holders {
+		if x {
+			return false
+		}
+	}
+	return true
+}
+
+// contender is a holdfast contender key that waits.
+type contender struct {
+	key, session string
+	index        uint64 // ModifyIndex
+	create       uint64 // CreateIndex: the queue order
+	exclusive    bool
+}
+
+// pview is what we know of the permits.
+type pview struct {
+	lock *api.KVPair // nil if absent
+	st   permitState // holders; pruned of dead ones if fresh
+	// fresh: lock and the contender keys come from one snapshot (a read of
+	// the subtree), so holders whose session holds no key are known dead
+	// and were pruned. Otherwise nobody is pruned: a holder admitted after
+	// the snapshot of the keys would look dead.
+	fresh   bool
+	waiters []contender   // holdfast waiters, by CreateIndex
+	me      *api.KVPair   // our live contender key, if any
+	dead    []*api.KVPair // contender keys without a session
+	err     error         // why we must not use the name (ErrConflict)
+}
+
+// parse builds a view from a transaction's results that include a read of
+// the subtree "<name>/" (the last answer about a key is the latest).
+func (p *permits) parse(results []*api.TxnResult) pview {
+	latest := make(map[string]*api.KVPair, len(results))
+	var order []string
+	for _, r := range results {
+		if e := r.KV; e != nil {
+			if _, ok := latest[e.Key]; !ok {
+				order = append(order, e.Key)
+			}
+			latest[e.Key] = e
+		}
+	}
+	v := pview{fresh: true}
+	live := make(map[string]bool, len(order))
+	var keys []*api.KVPair
+	for _, k := range order {
+		e := latest[k]
+		if e.Session != "" {
+			live[e.Session] = true // api.Semaphore's rule for a live holder
+		}
+		if e.Key == p.lockKey {
+			v.lock = e
+			continue
+		}
+		rest, ok := strings.CutPrefix(e.Key, p.prefix)
+		switch {
+		case !ok:
+			continue
+		case rest == "" || strings.Contains(rest, "/") || strings.HasPrefix(rest, "."):
+			v.conflict(fmt.Errorf("%w: %q is under %s: not a %s's key", holdfast.ErrConflict, e.Key, p.prefix, p.kind))
+			continue
+		case e.Flags != p.flags:
+			v.conflict(fmt.Errorf("%w: %s has flags %#x, not a %s contender's %#x", holdfast.ErrConflict, e.Key, e.Flags, p.kind, p.flags))
+			continue
+		case e.Session == "":
+			v.dead = append(v.dead, e)
+			continue
+		}
+		keys = append(keys, e)
+	}
+	st, err := p.decode(v.lock)
+	if err != nil {
+		v.conflict(err)
+		st = permitState{limit: p.limit, holders: map[string]bool{}}
+	}
+	for h := range st.holders {
+		if !live[h] && !mutant.On("consul/permit-prune-live") {
+			delete(st.holders, h)
+		}
+	}
+	v.st = st
+	for _, e := range keys {
+		if e.Key == p.myKey && e.Session == p.s.id {
+			v.me = e
+		}
+		val := string(e.Value)
+		c := contender{key: e.Key, session: e.Session, index: e.ModifyIndex, create: e.CreateIndex}
+		switch {
+		case val == valHeld || val == valHeldNext:
+			continue
+		case val == valWait && !p.rw(), val == valRead && p.rw():
+		case val == valWrite && p.rw():
+			c.exclusive = true
+		case val == valWait || val == valRead || val == valWrite:
+			other := "read-write lock"
+			if val == valWait {
+				other = "semaphore"
+			}
+			v.conflict(fmt.Errorf("%w: %s is a holdfast %s's contender, not a %s's", holdfast.ErrConflict, e.Key, other, p.kind))
+			continue
+		case p.rw():
+			v.conflict(fmt.Errorf("%w: %s is a foreign contender: %s is not a read-write lock", holdfast.ErrConflict, e.Key, p.name))
+			continue
+		default:
+			continue // a foreign contender (api.Semaphore): never waited for
+		}
+		v.waiters = append(v.waiters, c)
+	}
+	slices.SortFunc(v.waiters, func(x, y contender) int { return cmp.Compare(x.create, y.create) })
+	return v
+}
+
+func (v *pview) conflict(err error) {
+	if v.err == nil {
+		v.err = err
+	}
+}
+
+// admitted reports whether our key holds a permit in v.
+func (v pview) admitted(p *permits) bool {
+	if v.me == nil {
+		return false
+	}
+	val := string(v.me.Value)
+	_, in := v.st.holders[p.s.id]
+	return in && (val == valHeld || val == valHeldNext)
+}
+
+// ahead returns the waiters queued before us.
+func (v pview) ahead() []contender {
+	var a []contender
+	for _, w := range v.waiters {
+		if w.create >= v.me.CreateIndex {
+			break
+		}
+		a = append(a, w)
+	}
+	return a
+}
+
+// admit admits the waiters of ws in order, as long as they fit beside the
+// holders of st (first come, first served: it stops at the first that does
+// not fit). It returns the new state and whom it admitted.
+func (p *permits) admit(st permitState, ws []contender) (permitState, []contender) {
+	st = st.clone()
+	var in []contender
+	for _, w := range ws {
+		delete(st.holders, w.session) // a stale entry of a waiting session counts for nothing
+		if !p.fits(st, w.exclusive) {
+			break
+		}
+		st.holders[w.session] = w.exclusive
+		in = append(in, w)
+	}
+	return st, in
+}
+
+// writeOps are the operations that store st in the lock key (seen in v) and
+// mark the admitted waiters' keys, so that each learns from its own key (or
+// its successor from it) that it was admitted, with this write's index as
+// its token.
+func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
+	var ops api.TxnOps
+	var index uint64
+	if v.lock != nil {
+		index = v.lock.ModifyIndex
+	}
+	verb := api.KVCAS
+	if mutant.On("consul/permit-cas") {
+		verb = api.KVSet
+	}
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.flags, Value: p.encode(st)}})
+	for i, w := range in {
+		val := valHeld
+		if i+1 < len(in) {
+			val = valHeldNext
+		}
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: w.key, Index: w.index, Flags: p.flags, Value: []byte(val)}})
+	}
+	return ops
+}
+
+// read returns the subtree in one read-only transaction.
+func (p *permits) read(ctx context.Context) (pview, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := p.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return pview{}, txnError("read "+p.name, rb)
+	case err != nil:
+		return pview{}, err
+	}
+	return p.parse(resp.Results), nil
+}
+
+// after returns v as it is after a successful write of st (at index) that
+// admitted in: not fresh any more.
+func (v pview) after(lock *api.KVPair, st permitState, in []contender) pview {
+	n := pview{lock: lock, st: st}
+	for _, w := range v.waiters {
+		if !slices.ContainsFunc(in, func(x contender) bool { return x.key == w.key }) {
+			n.waiters = append(n.waiters, w)
+		}
+	}
+	n.me = v.me
+	return n
+}
+
+// leaveMode says what leave does.
+type leaveMode int
+
+const (
+	leaveRelease   leaveMode = iota // Unlock, or the end of a lost grant
+	leaveCleanup                    // after a failed acquisition
+	leaveDowngrade                  // RWMutex.Downgrade
+)
+
+// permitHold is what a permit's release and Downgrade need.
+type permitHold struct {
+	p         *permits
+	exclusive bool
+	view      *pview      // as last known (nil: unknown); the release tries it first
+	free      func()      // frees the name in-process; moved to the read grant on Downgrade
+	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
+}
+
+// leave is a release or a cleanup: it removes us from the holders (handing
+// the permit to the waiters that then fit, in queue order) and deletes our
+// contender key, in one transaction guarded by our session holding the key
+// and CAS on the lock key; if downgrade, it turns our exclusive permit into a
+// shared one instead, and returns the new token. It starts from v if given
+// (then from reads). A key of ours that is not (or no longer) a holder's is
+// deleted by CAS, so that a handoff to us meanwhile is seen and passed on. It
+// returns an error wrapping holdfast.ErrNotHeld if our session no longer
+// holds the key (nothing then to do: if we were a holder, we are dead and
+// will be pruned), and errStale after repeated races.
+func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, error) {
+	downgrade := how == leaveDowngrade
+	for attempt := 0; attempt < maxLeaveAttempts; attempt++ {
+		if v == nil || attempt > 0 {
+			r, err := p.read(ctx)
+			if err != nil {
+				return 0, err
+			}
+			v = &r
+		}
+		if v.me == nil {
+			if how == leaveCleanup {
+				return 0, nil // nothing of ours left
+			}
+			return 0, fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
+		}
+		var ops api.TxnOps
+		if !mutant.On("consul/permit-release-check-session") {
+			ops = append(ops, checkSession(p.myKey, p.s.id))
+		}
+		held := len(ops)
+		_, in := v.st.holders[p.s.id]
+		switch {
+		case v.err != nil && in:
+			// The lock key is not ours to write any more (a foreign value
+			// replaced it): never overwrite it; deleting our key makes us a
+			// dead holder, pruned by whoever can read the value.
+			if downgrade {
+				return 0, v.err
+			}
+			ops = append(ops, kvOp(api.KVDelete, p.myKey))
+		case in:
+			st := v.st.clone()
+			if downgrade {
+				st.holders[p.s.id] = false
+			} else {
+				delete(st.holders, p.s.id)
+			}
+			st, admitted := p.admit(st, v.waiters)
+			if len(st.holders) == 0 && len(v.waiters) == 0 && !v.fresh && attempt+1 < maxLeaveAttempts {
+				continue // maybe the last holder: read, to delete the lock key if so
+			}
+			if len(st.holders) == 0 && len(v.waiters) == 0 && v.lock != nil {
+				ops = append(ops, deleteCAS(p.lockKey, v.lock.ModifyIndex)) // nothing left behind
+			} else {
+				ops = append(ops, p.writeOps(*v, st, admitted)...)
+			}
+			if downgrade {
+				ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valHeld)}})
+			} else {
+				ops = append(ops, kvOp(api.KVDelete, p.myKey))
+			}
+		default:
+			if downgrade {
+				return 0, fmt.Errorf("%w: %s is no longer counted among the holders of %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
+			}
+			ops = append(ops, deleteCAS(p.myKey, v.me.ModifyIndex))
+		}
+		resp, err := p.s.txn(ctx, ops)
+		var rb *rollback
+		switch {
+		case err == nil:
+			if downgrade {
+				return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
+			}
+			return 0, nil
+		case errors.As(err, &rb) && rb.denied():
+			return 0, txnError("release "+p.myKey, rb)
+		case rb != nil && rb.failedBefore(held):
+			return 0, fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
+		case rb != nil:
+			continue // the lock key or a waiter changed: read again
+		default:
+			return 0, err
+		}
+	}
+	return 0, errStale
+}
+
+// grant wraps an admitted contender key in a Grant.
+func (p *permits) grant(token uint64, exclusive bool, v *pview, free func()) (*Grant, error) {
+	h := &permitHold{p: p, exclusive: exclusive, view: v, free: free}
+	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
+	p.s.hold(g)
+	if g.Context().Err() != nil {
+		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
+	}
+	return g, nil
+}
+
+func (h *permitHold) done() {
+	if !h.moved.Load() {
+		h.free()
+	}
+}
+
+// releasePermit is a permit's release (see core.NewGrant): after Unlock, a
+// leave from the view the grant last had (then from reads); after a loss,
+// one leave from a read, which does nothing if our session no longer holds
+// the key.
+func (g *Grant) releasePermit(ctx context.Context) error {
+	h := g.permit
+	if h.moved.Load() {
+		return nil
+	}
+	var err error
+	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		v := h.view
+		h.view = nil
+		_, err = h.p.leave(ctx, v, leaveRelease)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			g.s.checkSoon()
+		}
+	} else {
+		_, err = h.p.leave(ctx, nil, leaveRelease)
+	}
+	if err == nil || core.Final(err) {
+		g.s.forget(g)
+	}
+	return err
+}
+
+// pacq is one acquisition of a permit in progress.
+type pacq struct {
+	p         *permits
+	ctx, wctx context.Context // the caller's; ends with it or with the session
+	exclusive bool
+	left      bool   // something of ours may be in Consul (see Mutex's acquisition)
+	view      *pview // as last known once admitted; nil: unknown
+}
+
+// acquire runs Lock (try false) or TryLock through p.
+func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", p.name, err)
+	}
+	s := p.s
+	end, err := s.begin()
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	wctx, cancel := s.bind(ctx)
+	defer cancel()
+	a := &pacq{p: p, ctx: ctx, wctx: wctx, exclusive: exclusive}
+	var free func()
+	if try {
+		var ok bool
+		if free, ok = s.names.TryAcquire(p.name); !ok {
+			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, p.name)
+		}
+	} else if free, err = s.names.Acquire(wctx, p.name); err != nil {
+		return nil, a.fail(err)
+	}
+	var token uint64
+	if try {
+		token, err = a.try()
+	} else {
+		token, err = a.run()
+	}
+	if err != nil {
+		if !a.left {
+			free()
+			return nil, a.fail(err)
+		}
+		done := s.cleanUp(leftover{name: p.name, fn: func(ctx context.Context) error {
+			_, err := p.leave(ctx, nil, leaveCleanup)
+			if errors.Is(err, holdfast.ErrNotHeld) {
+				return nil // our session no longer holds the key: nothing to remove
+			}
+			return err
+		}}, free)
+		grace := time.NewTimer(cleanupGrace)
+		defer grace.Stop()
+		select {
+		case <-done:
+		case <-wctx.Done():
+			select {
+			case <-done:
+			case <-grace.C:
+			}
+		}
+		return nil, a.fail(err)
+	}
+	return p.grant(token, exclusive, a.view, free)
+}
+
+// fail picks the error a failed acquisition returns (see acquisition.fail).
+func (a *pacq) fail(err error) error {
+	if a.wctx.Err() == nil {
+		return err
+	}
+	if cerr := a.ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", a.p.name, cerr)
+	}
+	if serr := a.p.s.alive(); serr != nil {
+		return serr
+	}
+	return err
+}
+
+// try is TryLock: one read; if the permit is free and nobody waits, one
+// transaction that creates our key already admitted and adds us to the lock
+// key by CAS. It writes nothing otherwise.
+func (a *pacq) try() (uint64, error) {
+	p := a.p
+	v, err := p.read(a.wctx)
+	switch {
+	case err != nil:
+		return 0, err
+	case v.err != nil:
+		return 0, v.err
+	case len(v.waiters) > 0 || !p.fits(v.st, a.exclusive):
+		return 0, fmt.Errorf("%w: %s has no free permit, or contenders wait for one", holdfast.ErrLocked, p.name)
+	}
+	st := v.st.clone()
+	delete(st.holders, p.s.id)
+	st.holders[p.s.id] = a.exclusive
+	ops := p.writeOps(v, st, nil)
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
+	return a.admitTxn(v, ops, len(ops)-1, st, nil, true)
+}
+
+// admitTxn sends ops, which write st to the lock key (their first operation,
+// admitting in) and put our key in its held state (operation mine), and
+// returns the token. A race (the lock key or a waiter changed) is token 0
+// with no error, or ErrLocked if try.
+func (a *pacq) admitTxn(v pview, ops api.TxnOps, mine int, st permitState, in []contender, try bool) (uint64, error) {
+	p := a.p
+	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	defer cancel()
+	a.left = true
+	resp, err := p.s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case err == nil:
+	case errors.As(err, &rb) && rb.denied():
+		return 0, txnError("acquire a permit of "+p.name, rb)
+	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
+		return 0, p.s.ended()
+	case rb != nil && try:
+		a.left = false
+		return 0, fmt.Errorf("%w: %s changed meanwhile", holdfast.ErrLocked, p.name)
+	case rb != nil:
+		return 0, nil
+	default:
+		return 0, err
+	}
+	if len(resp.Results) < len(ops) {
+		return 0, errors.New("holdfast/consul: acquire: Consul's answer lacks results")
+	}
+	lock, ours := resp.Results[0].KV, resp.Results[mine].KV
+	if lock == nil || ours == nil || ours.Key != p.myKey {
+		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
+	}
+	n := v.after(&api.KVPair{Key: p.lockKey, Flags: p.flags, Value: p.encode(st), ModifyIndex: lock.ModifyIndex, CreateIndex: lock.CreateIndex}, st, in)
+	me := *ours
+	me.Session = p.s.id
+	n.me = &me
+	a.view = &n
+	return ours.ModifyIndex, nil
+}
+
+// join creates our contender key (replacing a leftover of ours, so that our
+// place is at the back) and reads the subtree, in one transaction.
+func (a *pacq) join() (pview, error) {
+	p := a.p
+	ops := api.TxnOps{
+		kvOp(api.KVDelete, p.myKey),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: p.waitValue(a.exclusive)}},
+		kvOp(api.KVGetTree, p.prefix),
+	}
+	a.left = true
+	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	defer cancel()
+	resp, err := p.s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case err == nil:
+	case errors.As(err, &rb) && rb.denied():
+		return pview{}, txnError("join "+p.name, rb)
+	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
+		return pview{}, p.s.ended()
+	case rb != nil:
+		return pview{}, txnError("join "+p.name, rb)
+	default:
+		return pview{}, err
+	}
+	return p.parse(resp.Results), nil
+}
+
+// run is Lock's algorithm (see Semaphore).
+func (a *pacq) run() (uint64, error) {
+	p := a.p
+	v, err := a.join()
+	if err != nil {
+		return 0, err
+	}
+	joins := 1
+	for {
+		if err := a.wctx.Err(); err != nil {
+			return 0, err
+		}
+		if v.err != nil {
+			return 0, v.err
+		}
+		if len(v.dead) > 0 {
+			a.dropDead(v.dead)
+			v.dead = nil
+		}
+		if v.admitted(p) {
+			a.view = &v
+			return v.me.ModifyIndex, nil
+		}
+		if v.me == nil || !slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey }) {
+			// Our key vanished, lost its session, or was marked held
+			// without our session being a holder: join again.
+			if joins++; joins > 3 {
+				return 0, fmt.Errorf("holdfast/consul: %s: our contender key keeps vanishing", p.name)
+			}
+			if v, err = a.join(); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if ahead := v.ahead(); len(ahead) > 0 {
+			// Wait for the waiter just ahead of us to change: admitted
+			// (its key is marked held by the write that admitted it), gone,
+			// or dead.
+			pred := ahead[len(ahead)-1]
+			next, err := a.watch(pred.key, pred.index, false)
+			if err != nil {
+				return 0, err
+			}
+			if next != nil && next.Session == pred.session && next.ModifyIndex > pred.index {
+				switch string(next.Value) {
+				case valHeldNext: // admitted with us: our token is that write's
+					a.view = nil
+					return next.ModifyIndex, nil
+				case valHeld: // we are the head now: wait on the lock key
+					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
+					if err != nil {
+						return 0, err
+					}
+					if lock != nil {
+						v.lock, v.fresh = lock, false
+						v.waiters = slices.DeleteFunc(v.waiters, func(w contender) bool { return w.create < v.me.CreateIndex })
+						if token, got, err := a.atHead(v); err != nil || got {
+							return token, err
+						}
+					}
+				}
+			}
+		} else if token, got, err := a.atHead(v); err != nil || got {
+			return token, err
+		}
+		if v, err = p.read(a.wctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// atHead is the head of the queue's wait: while the lock key has no room
+// for us, wait for it to change (at most blockWait, then a read prunes dead
+// holders), and admit us (with the waiters behind us that fit) once it has.
+// It reports whether we got in; if not, the caller reads again.
+func (a *pacq) atHead(v pview) (uint64, bool, error) {
+	for {
+		token, got, full, err := a.tryHead(v)
+		if err != nil || got || !full || v.lock == nil {
+			return token, got, err
+		}
+		lock, err := a.watch(a.p.lockKey, v.lock.ModifyIndex, true)
+		if err != nil || lock == nil {
+			return 0, false, err
+		}
+		v.lock, v.fresh = lock, false
+	}
+}
+
+// tryHead admits us, at the head of the queue, if the lock key v.lock has
+// room, with the waiters behind us that fit too. If v is not fresh (the lock
+// key comes from a watch), nobody is pruned, and finding our session among
+// the holders means a handoff to us (or a stale entry): not got, read again.
+// full reports that there is no room for us.
+func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
+	p := a.p
+	st := v.st
+	if !v.fresh {
+		if st, err = p.decode(v.lock); err != nil {
+			return 0, false, false, err
+		}
+		if _, in := st.holders[p.s.id]; in {
+			return 0, false, false, nil
+		}
+	}
+	queue := []contender{{key: p.myKey, session: p.s.id, index: v.me.ModifyIndex, create: v.me.CreateIndex, exclusive: a.exclusive}}
+	for _, w := range v.waiters {
+		if w.create > v.me.CreateIndex {
+			queue = append(queue, w)
+		}
+	}
+	st, in := p.admit(st, queue)
+	if len(in) == 0 {
+		return 0, false, true, nil
+	}
+	token, err = a.admitTxn(v, p.writeOps(v, st, in), 1, st, in, false)
+	return token, token != 0, false, err
+}
+
+// watch blocks until key's ModifyIndex is no longer index (it changed or is
+// gone) and returns the key as it then is (nil if gone). If bounded, it
+// returns nil after blockWait without a change too. Transport errors are
+// retried until wctx ends.
+func (a *pacq) watch(key string, index uint64, bounded bool) (*api.KVPair, error) {
+	wait := index
+	pause := minPause
+	start := time.Now()
+	for {
+		w := blockWait
+		if bounded {
+			if w -= time.Since(start); w <= 0 {
+				return nil, nil
+			}
+		}
+		ctx, cancel := context.WithTimeout(a.wctx, blockTimeout(w))
+		q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
+		pair, meta, err := a.p.s.client.KV().Get(key, q.WithContext(ctx))
+		cancel()
+		switch {
+		case a.wctx.Err() != nil:
+			return nil, a.wctx.Err()
+		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
+			return nil, apiError("watch "+key, err)
+		case err != nil:
+			if !sleep(a.wctx, pause) {
+				return nil, a.wctx.Err()
+			}
+			pause = min(2*pause, maxPause)
+			continue
+		case pair == nil || pair.ModifyIndex != index:
+			return pair, nil
+		}
+		pause = minPause
+		wait = max(meta.LastIndex, index)
+	}
+}
+
+// dropDead deletes contender keys without a session (left by sessions with
+// Behavior release), if unchanged; best effort.
+func (a *pacq) dropDead(dead []*api.KVPair) {
+	dead = dead[:min(len(dead), maxDropDead)]
+	ops := make(api.TxnOps, 0, len(dead))
+	for _, e := range dead {
+		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
+	}
+	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	defer cancel()
+	_, _ = a.p.s.txn(ctx, ops)
+}

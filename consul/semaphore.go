@@ -1,0 +1,125 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/options"
+)
+
+// Semaphore is a distributed counting semaphore on Consul: at most Limit
+// sessions hold a permit at once. It is fair (first come, first served
+// among holdfast contenders), fenced, and wire-compatible with api.Semaphore
+// and `consul lock -n N <name> cmd`, which share its permits.
+//
+// Layout (api.Semaphore's, with prefix = name): each contender holds the key
+// "<name>/<session ID>", acquired with its session and flagged
+// api.SemaphoreFlagValue; the key "<name>/.lock", with the same flags and no
+// session, holds {"Limit":N,"Holders":{"<session ID>":true,...}} and is
+// updated by CAS on its ModifyIndex. A holder whose session holds no key
+// under "<name>/" any more is dead and is pruned by the next write. holdfast
+// contender keys have the value "holdfast" while they wait and "holdfast
+// held" once admitted (api.Semaphore ignores contender values); a foreign
+// contender is one with any other value.
+//
+// Algorithm. A contender creates its key and reads the subtree in one
+// transaction; holdfast waiters queue by the keys' CreateIndex. The head of
+// the queue admits itself (and the waiters behind it that fit) with one
+// transaction: a CAS of the lock key adding them, and a CAS of each
+// admitted key to "holdfast held"; it is the only waiter that watches the
+// lock key (a blocking query; re-read every 5 s so that dead holders are
+// pruned). Every other waiter watches the waiter just ahead of it, so one
+// admission wakes one waiter. On Unlock, a holdfast holder, in one
+// transaction guarded by a check-session of its own key, replaces itself in
+// the lock key by the head of the queue (a handoff: the waiter learns it
+// from its key, or from the lock key) and deletes its contender key; with
+// nobody waiting it removes itself, and deletes the lock key when no holder
+// is left. Foreign contenders do not queue: they get a permit when they find
+// room, and the head of the holdfast queue admits itself whenever it finds
+// room, so nobody ever waits for a foreign contender in a way that could
+// deadlock.
+//
+// The token of a permit is the ModifyIndex of the lock-key write that
+// admitted it (the contender key is written in that same transaction, so
+// it has that index). Tokens of successive admissions strictly increase;
+// with limit N, up to N permits with distinct tokens are valid at once.
+//
+// Clients that disagree on the limit: Lock and TryLock fail with an error
+// wrapping holdfast.ErrConflict that names both limits (as api.Semaphore's
+// "semaphore limit conflict"), and leave nothing behind. A lock key with
+// other flags (a Mutex's or api.Lock's, an RWMutex's) or a value that is not
+// a semaphore's is an error wrapping holdfast.ErrConflict, and is never
+// overwritten; so are keys of a longer name under "<name>/".
+//
+// One permit per session per name at a time: concurrent Lock calls of one
+// Session on the same name take turns in-process, as for Mutex.
+type Semaphore struct {
+	p *permits
+}
+
+var _ holdfast.GrantLocker[*Grant] = (*Semaphore)(nil)
+
+// SemaphoreFlagValue is the flags value of a Semaphore's keys,
+// api.SemaphoreFlagValue.
+const SemaphoreFlagValue uint64 = api.SemaphoreFlagValue
+
+// NewSemaphore returns the semaphore called name (api.Semaphore's prefix)
+// with the given limit, used through session s. The name follows
+// holdfast.ValidateName; limit < 1 is an error wrapping
+// holdfast.ErrInvalidArgument. No request is made. Options: none apply yet
+// (holdfast.WithReentrant is refused with holdfast.ErrInvalidArgument).
+func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOption) (*Semaphore, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
+	}
+	if err := holdfast.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: semaphore limit %d; it must be at least 1", holdfast.ErrInvalidArgument, limit)
+	}
+	if err := noReentry(opts); err != nil {
+		return nil, err
+	}
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	return &Semaphore{p: newPermits(s, "semaphore", name, SemaphoreFlagValue, limit)}, nil
+}
+
+// Name returns the semaphore's name (api.Semaphore's prefix).
+func (m *Semaphore) Name() string { return m.p.name }
+
+// Limit returns the semaphore's limit.
+func (m *Semaphore) Limit() int { return m.p.limit }
+
+// Lock waits for a permit (first come, first served among holdfast
+// contenders), until ctx is done or the session ends, and returns it. Its
+// errors and cleanup are as for Mutex.Lock: within milliseconds of ctx
+// ending, even if Consul cannot be reached; what the call left (our
+// contender key, our place among the holders if a handoff reached us as we
+// gave up) is removed by the session in the background, and Lock waits up to
+// 50 ms after ctx ended for that. An error wraps holdfast.ErrConflict if the
+// name is not this semaphore's (see Semaphore).
+func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, false, false)
+}
+
+// TryLock takes a permit only if one is free and no holdfast contender
+// waits, with one read and one transaction; otherwise it returns an error
+// wrapping holdfast.ErrLocked after the read, having written nothing.
+func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, false, true)
+}
+
+// noReentry refuses holdfast.WithReentrant, which semaphores and read-write
+// locks do not support.
+func noReentry(opts []holdfast.LockOption) error {
+	if options.ApplyLock(opts).Reentrant {
+		return fmt.Errorf("%w: holdfast.WithReentrant applies to Mutex only", holdfast.ErrInvalidArgument)
+	}
+	return nil
+}

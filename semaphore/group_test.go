@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/internal/leakcheck"
@@ -83,6 +84,57 @@ func etcdMutexes(t *testing.T) store {
 	})
 }
 
+// etcdSemaphores is a store whose lockers are etcd Semaphores with limit.
+func etcdSemaphores(limit int) func(t *testing.T) store {
+	return func(t *testing.T) store {
+		return etcdStore(t, limit, func(s *etcd.Session, name string) (holdfast.Locker, error) {
+			sem, err := etcd.NewSemaphore(s, name, limit)
+			if err != nil {
+				return nil, err
+			}
+			return holdfast.AsLocker[*etcd.Grant](sem), nil
+		})
+	}
+}
+
+// consulSemaphores is a Consul agent whose lockers are Consul Semaphores
+// with limit, each on a session of its own (TTL 10 s, lock-delay 0).
+func consulSemaphores(limit int) func(t *testing.T) store {
+	return func(t *testing.T) store {
+		a := embedtest.Consul(t)
+		admin := a.Client(t)
+		return store{
+			limit: limit,
+			newLocker: func(t *testing.T, name string) (holdfast.Locker, func()) {
+				t.Helper()
+				s, err := consul.NewSession(context.Background(), a.Client(t), consul.WithTTL(10*time.Second), consul.WithLockDelay(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				sem, err := consul.NewSemaphore(s, name, limit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return holdfast.AsLocker[*consul.Grant](sem), func() {
+					if _, err := admin.Session().Destroy(s.ID(), nil); err != nil {
+						t.Errorf("destroy session: %v", err)
+					}
+				}
+			},
+			keys: func(t *testing.T, name string) []string {
+				ks, _, err := admin.KV().Keys(name+"/", "", nil)
+				if err != nil {
+					t.Errorf("list keys: %v", err)
+					return nil
+				}
+				sort.Strings(ks)
+				return ks
+			},
+		}
+	}
+}
+
 // stores are the stores every Group test runs on.
 func stores() []struct {
 	name string
@@ -93,6 +145,8 @@ func stores() []struct {
 		mk   func(t *testing.T) store
 	}{
 		{"etcd-mutex", etcdMutexes},
+		{"etcd-semaphore-4", etcdSemaphores(4)},
+		{"consul-semaphore-4", consulSemaphores(4)},
 	}
 }
 
@@ -154,7 +208,8 @@ func uniqueName(t *testing.T) string {
 // TestGroupBound: 200 tasks from 3 groups (3 processes' worth of clients,
 // 3 lockers each) never run more than the store's limit at once, all
 // complete, every function runs under a live permit of the name, and the
-// store never holds more contender keys than the 9 lockers.
+// store never holds more contender keys than the 10 lockers (and a
+// bookkeeping key); the limit is reached.
 func TestGroupBound(t *testing.T) {
 	for _, sc := range stores() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -202,7 +257,7 @@ func TestGroupBound(t *testing.T) {
 							}
 							h.enter(p)
 							defer h.leave(p)
-							time.Sleep(time.Millisecond)
+							time.Sleep(10 * time.Millisecond)
 							ran.Add(1)
 							return ctx.Err()
 						})
@@ -248,6 +303,9 @@ func TestGroupBound(t *testing.T) {
 				t.Errorf("up to %d keys under the name, want at most %d (one per locker, and a bookkeeping key)", maxKeys, lockers+1)
 			}
 			t.Logf("limit %d: up to %d functions at once, up to %d keys", st.limit, h.max, maxKeys)
+			if h.max < st.limit {
+				t.Errorf("at most %d functions ran at once, want the store's limit, %d, to be reached", h.max, st.limit)
+			}
 			waitKeys(t, st, name, 0)
 		})
 	}

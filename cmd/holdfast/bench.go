@@ -29,6 +29,10 @@ Scenarios:
   takeover  a holder's session is destroyed/revoked while a waiter waits
             (Consul: lock-delay 0, 1 s, 15 s; takeover_ms, notice_ms)
   all       all three (about 3 minutes on Consul, 1 minute on etcd)
+  semaphore a counting semaphore (--limit, default 4), 8 and 32 contenders,
+            hold 0 and 1 ms (Consul: api.Semaphore side by side; etcd:
+            holdfast alone, no native recipe); violations count moments
+            with more than limit holders
 
 Output: an aligned table and one ratio line (holdfast/native) per setting, or
 with --json one JSON object per row and one {"ratio": ...} object per pair.
@@ -38,7 +42,8 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, semaphore or all")
+	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "warm-up before each contended row's window")
@@ -59,6 +64,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			Warmup:   *warmup,
 			TTL:      *ttl,
 			Repeats:  *repeats,
+			Limit:    *limit,
 			Log:      e.stderr,
 		}
 		if *duration <= 0 {
@@ -66,6 +72,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		if *warmup < 0 {
 			return usagef("--warmup must not be negative")
+		}
+		if *limit < 1 || *limit > 1024 {
+			return usagef("--limit must be between 1 and 1024")
 		}
 		if *repeats < 0 {
 			return usagef("--repeats must not be negative")
@@ -87,9 +96,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--lock-delays: %v", err)
 		}
 		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioAll:
+		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioAll, bench.ScenarioSemaphore:
 		default:
-			return usagef("--scenario must be lock, handoff, takeover or all, not %q", *scenario)
+			return usagef("--scenario must be lock, handoff, takeover, semaphore or all, not %q", *scenario)
 		}
 		switch *backend {
 		case "etcd":

@@ -329,6 +329,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult,
 	if timedOut && res.StaleRejected == 0 {
 		return res, fmt.Errorf("demo did not finish within %v", o.Timeout)
 	}
+	if err := runSemaphoreAct(ctx, out, cluster); err != nil {
+		return res, err
+	}
 	return res, nil
 }
 

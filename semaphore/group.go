@@ -133,11 +133,17 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 	if err != nil {
 		return fmt.Errorf("semaphore: wait for a permit: %w", err)
 	}
+	// Released once f has returned, after its context is cancelled.
+	defer func() {
+		uctx, ucancel := context.WithTimeout(g.parent, unlockTimeout)
+		_ = p.Unlock(uctx)
+		ucancel()
+	}()
 	ctx, cancel := context.WithCancelCause(context.WithValue(g.ctx, permitKey{}, p))
+	defer cancel(context.Canceled)
 	stop := context.AfterFunc(p.Context(), func() { cancel(context.Cause(p.Context())) })
+	defer stop()
 	err = f(ctx)
-	stop()
-	cancel(context.Canceled)
 	// The permit cannot have been released yet: a cause now is a loss.
 	if lost := context.Cause(p.Context()); lost != nil {
 		switch {
@@ -148,9 +154,6 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 			err = fmt.Errorf("%w: permit lost: %w", err, lost)
 		}
 	}
-	uctx, ucancel := context.WithTimeout(g.parent, unlockTimeout)
-	_ = p.Unlock(uctx)
-	ucancel()
 	return err
 }
 

@@ -360,16 +360,14 @@ func testElectionLeader(s *suite) {
 		s.t.Fatalf("C's key did not appear within %v: keys %q", keyWait, ks)
 	}
 	time.Sleep(200*time.Millisecond - time.Since(t0))
-	r, returned := s.early(cres, "C: Campaign while A leads")
+	s.waiting(cres, "C: Campaign while A leads")
 	ccancel()
-	if !returned {
-		r = s.await(cres, slack, "C: Campaign after its context was cancelled")
-	}
+	r := s.await(cres, slack, "C: Campaign after its context was cancelled")
 	if r.err == nil || !errors.Is(r.err, context.Canceled) {
 		s.t.Errorf("C: Campaign while A leads, cancelled: grant %s, err %v, want an error matching context.Canceled", describe(r.g), r.err)
 	}
 	if ks, ok := s.waitKeys(settle, equals(only)); !ok {
-		s.t.Errorf("keys %v after C's cancelled Campaign: %q, want A's only: %q (left behind: %q)", settle, ks, only, without(ks, only))
+		s.t.Fatalf("keys %v after C's cancelled Campaign: %q, want A's only: %q (left behind: %q)", settle, ks, only, without(ks, only))
 	}
 	dctx, dcancel := context.WithCancel(s.root)
 	dcancel()
@@ -465,7 +463,7 @@ func testElectionFailover(s *suite) {
 	if ks, ok := s.waitKeys(keyWait, grows(n)); !ok {
 		s.t.Fatalf("B's key did not appear within %v: keys %q", keyWait, ks)
 	}
-	s.early(bres, "B: Campaign while A leads")
+	s.waiting(bres, "B: Campaign while A leads")
 	fa.Kill()
 	killed := time.Now()
 	if !waitDone(ga.Context(), s.b.LossNotice) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -155,7 +156,11 @@ func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, er
 	switch backend {
 	case "etcd":
 		if endpoints != "" {
-			return bench.DialEtcd(splitList(endpoints))
+			eps, err := endpointList("--endpoints", endpoints)
+			if err != nil {
+				return nil, err
+			}
+			return bench.DialEtcd(eps)
 		}
 		fmt.Fprintln(e.stderr, "bench: starting an embedded etcd (1 member, temporary directory)")
 		t, err := bench.StartEtcd()
@@ -176,14 +181,26 @@ func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, er
 	}
 }
 
+// splitList splits a comma-separated list, keeping empty items (as in
+// "1,,2"), which every parser of a list refuses.
 func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	out := strings.Split(s, ",")
+	for i := range out {
+		out[i] = strings.TrimSpace(out[i])
 	}
 	return out
+}
+
+// endpointList splits a list of endpoints, refusing empty items.
+func endpointList(flag, s string) ([]string, error) {
+	eps := splitList(s)
+	if len(eps) == 0 || slices.Contains(eps, "") {
+		return nil, usagef("%s %q: want a comma-separated list of host:port (or URLs), none empty", flag, s)
+	}
+	return eps, nil
 }
 
 func parseInts(s string) ([]int, error) {

@@ -44,10 +44,12 @@ var lockCommand = &command{
 	name:       "lock",
 	summary:    "run a command while holding a lock",
 	ownSignals: true,
-	usage: `usage: holdfast lock [flags] NAME -- CMD [ARGS...]
+	usage: `usage: holdfast lock [flags] NAME [flags] -- CMD [ARGS...]
 
 Waits for the lock NAME (FIFO, behind earlier waiters), runs CMD while
-holding it, and releases it when CMD exits. If the lock is lost while CMD
+holding it, and releases it when CMD exits. With -n N (N > 1) it waits for
+one of N permits of the semaphore NAME instead; its layout is api.Semaphore's
+on Consul, so "consul lock -n N NAME" shares the permits. If the lock is lost while CMD
 runs (its session expired or was revoked, its key deleted), CMD is sent
 SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122: the lock
 is noticed lost before another client can be granted it.
@@ -93,12 +95,15 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for")
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
+	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, argv, err := splitCommand(args)
 		if err != nil {
 			return err
 		}
 		switch {
+		case *permits < 1:
+			return usagef("-n %d: want at least 1", *permits)
 		case *timeout < 0:
 			return usagef("--timeout %v is negative", *timeout)
 		case *grace < 0:
@@ -109,9 +114,18 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err := holdfast.ValidateName(name); err != nil {
 			return usagef("%v", err)
 		}
-		r := runner{e: e, grace: *grace, childCode: *childCode}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true}
+		if *permits > 1 {
+			r.what = "its permit"
+		}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
-			l, err := s.mutex(name)
+			var l holdfast.Locker
+			var err error
+			if *permits > 1 {
+				l, err = s.semaphore(name, *permits)
+			} else {
+				l, err = s.mutex(name)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -134,15 +148,14 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 
 var errTimeout = errors.New("timed out waiting")
 
-// splitCommand splits "NAME [--] CMD [ARGS...]".
+// splitCommand splits the positional arguments "NAME CMD [ARGS...]" (the
+// flags, before or after NAME, and the "--" before CMD are taken by the
+// parser; "--" is needed only when CMD has options of its own).
 func splitCommand(args []string) (name string, argv []string, err error) {
 	if len(args) == 0 {
 		return "", nil, usagef("missing NAME and command")
 	}
 	name, argv = args[0], args[1:]
-	if len(argv) > 0 && argv[0] == "--" {
-		argv = argv[1:]
-	}
 	if len(argv) == 0 {
 		return "", nil, usagef("missing the command to run after NAME")
 	}
@@ -152,8 +165,12 @@ func splitCommand(args []string) (name string, argv []string, err error) {
 // runner runs a command under a grant.
 type runner struct {
 	e         *env
+	what      string // "the lock", "a permit", "leadership": for messages
 	grace     time.Duration
 	childCode bool
+	loop      bool // after a loss, acquire again (elect --loop)
+	extraEnv  []string
+	native    bool // set the native lock commands' variables too
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -163,18 +180,81 @@ var (
 )
 
 // run opens a session, gets a grant with acquire, runs argv under it and
-// releases it; the returned error carries the exit status.
+// releases it; the returned error carries the exit status. With r.loop, a
+// loss while argv runs is followed by a new acquisition.
 func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Context, *session) (holdfast.Grant, error), name string, argv []string) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
-	// Waiting: a stop signal cancels it.
+	var s *session
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	var got os.Signal
+	var err error
+	for err == nil {
+		if s != nil && s.Err() != nil { // lost with the grant: a new one
+			s.Close()
+			s = nil
+		}
+		if s == nil {
+			if got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+				s, err = sf.open(wctx)
+				return err
+			}); err != nil {
+				break
+			}
+		}
+		var g holdfast.Grant
+		got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+			g, err = acquire(wctx, s)
+			return err
+		})
+		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
+			// The session died with the leadership; the next round opens
+			// a new one (after a pause, should the store refuse at once).
+			s.Close()
+			s, err = nil, nil
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			break
+		}
+		err = r.child(ctx, s, g, name, argv, sigs)
+		var ee exitError
+		if r.loop && errors.As(err, &ee) && ee.code == exitLost && ctx.Err() == nil {
+			fmt.Fprintf(r.e.stderr, "holdfast: %v; campaigning again\n", ee.err)
+			err = nil
+			continue
+		}
+		return err
+	}
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		return err
+	case got != nil:
+		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
+	case errors.Is(err, holdfast.ErrLocked):
+		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
+	case errors.Is(err, errTimeout):
+		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
+	default:
+		return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
+	}
+}
+
+// waitFor runs fn under a context that a stop signal (see stopSignals)
+// cancels, and returns that signal if one came.
+func waitFor(ctx context.Context, sigs <-chan os.Signal, fn func(context.Context) error) (os.Signal, error) {
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var got os.Signal
-	waiting := make(chan struct{})
-	watched := make(chan struct{})
+	finished, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)
 		for {
@@ -185,35 +265,15 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 					cancel(fmt.Errorf("got %v", sig))
 					return
 				}
-			case <-waiting:
+			case <-finished:
 				return
 			}
 		}
 	}()
-	s, err := sf.open(wctx)
-	var g holdfast.Grant
-	if err == nil {
-		defer s.Close()
-		g, err = acquire(wctx, s)
-	}
-	close(waiting)
+	err := fn(wctx)
+	close(finished)
 	<-watched
-	if err != nil {
-		var ue usageError
-		switch {
-		case errors.As(err, &ue):
-			return err
-		case got != nil:
-			return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
-		case errors.Is(err, holdfast.ErrLocked):
-			return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-		case errors.Is(err, errTimeout):
-			return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-		default:
-			return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
-		}
-	}
-	return r.child(ctx, s, g, name, argv, sigs)
+	return got, err
 }
 
 func isStop(sig os.Signal) bool {
@@ -229,7 +289,10 @@ func isStop(sig os.Signal) bool {
 func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name string, argv []string, sigs <-chan os.Signal) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "HOLDFAST_NAME="+name, "HOLDFAST_KEY="+g.Key(), "HOLDFAST_TOKEN="+g.Token().String())
-	cmd.Env = append(cmd.Env, s.nativeEnv(g)...)
+	if r.native {
+		cmd.Env = append(cmd.Env, s.nativeEnv(g)...)
+	}
+	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -261,7 +324,7 @@ wait:
 		case <-lost:
 			lost = nil
 			lostCause = context.Cause(g.Context())
-			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost the lock (%v); stopping the command\n", name, lostCause)
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s (%v); stopping the command\n", name, r.what, lostCause)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			t := time.NewTimer(r.grace)
 			defer t.Stop()
@@ -276,7 +339,7 @@ wait:
 	}
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
-		return exitError{exitLost, fmt.Errorf("%s: the lock was lost while the command ran: %w", name, lostCause)}
+		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
 	}
 	r.release(g, name)
 	code := 0

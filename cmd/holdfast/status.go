@@ -24,7 +24,7 @@ import (
 
 var statusCommand = &command{
 	name:    "status",
-	summary: "show who holds and who waits for a lock or an election",
+	summary: "show who holds and who waits for a lock, a semaphore or an election",
 	usage: `usage: holdfast status [flags] NAME
 
 Shows the holder(s) and the waiters of NAME in queue order, with their
@@ -33,9 +33,11 @@ session ID, TTL and lock-delay) and values, read from the store without
 writing anything. Native clients on the same name (etcdctl lock/elect,
 concurrency.Mutex/Election, consul lock, api.Lock) show up like holdfast's.
 
---kind says how to read the keys: lock (holder, waiters) or election
-(leader, candidates); auto guesses election when the keys carry values that
-holdfast's locks do not write. --json prints one JSON object per state;
+Semaphores (holdfast's on etcd; api.Semaphore's layout on Consul, which
+"consul lock -n N" and holdfast share) are recognised from their keys and
+show their limit and every holder. For the rest, --kind says how to read the
+keys: lock (holder, waiters) or election (leader, candidates); auto guesses
+election when the keys carry values that holdfast's locks do not write. --json prints one JSON object per state;
 --watch prints the state again each time the keys under NAME change (in place
 on a terminal), until interrupted.`,
 	flags: statusFlags,
@@ -99,7 +101,8 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 type state struct {
 	Backend string  `json:"backend"`
 	Name    string  `json:"name"`
-	Kind    string  `json:"kind"` // lock or election
+	Kind    string  `json:"kind"`            // lock, election or semaphore
+	Limit   int     `json:"limit,omitempty"` // a semaphore's
 	Index   uint64  `json:"index"`
 	Entries []entry `json:"entries"`
 	// Other lists keys under NAME/ that are no contender's (a longer name's).
@@ -127,6 +130,9 @@ type entry struct {
 // classify names the roles for kind (auto: election if a contender's value
 // is one no lock of holdfast writes).
 func (st *state) classify(kind string) {
+	if st.Kind == "semaphore" {
+		return // read as one from its keys
+	}
 	if kind == "auto" {
 		kind = "lock"
 		for _, e := range st.Entries {
@@ -162,8 +168,12 @@ type reader interface {
 func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 	switch *f.backend {
 	case "etcd":
+		eps, err := endpointList("--endpoints", *f.endpoints)
+		if err != nil {
+			return nil, err
+		}
 		c, err := clientv3.New(clientv3.Config{
-			Endpoints:   splitList(*f.endpoints),
+			Endpoints:   eps,
 			DialTimeout: 5 * time.Second,
 			Logger:      zap.NewNop(),
 			Context:     ctx,
@@ -188,6 +198,10 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 // requestTimeout bounds each read of status.
 const requestTimeout = 10 * time.Second
 
+// etcdSemaphoreValue starts the value of an etcd semaphore's keys; the
+// limit follows.
+const etcdSemaphoreValue = "holdfast semaphore limit="
+
 type etcdReader struct{ c *clientv3.Client }
 
 func (r etcdReader) close() { r.c.Close() }
@@ -208,7 +222,12 @@ func (r etcdReader) read(ctx context.Context, name string) (*state, error) {
 			continue
 		}
 		e := entry{Role: "waiter", Position: len(st.Entries), Key: string(kv.Key), Session: fmt.Sprintf("lease %x", kv.Lease), Value: string(kv.Value)}
-		if len(st.Entries) == 0 {
+		if l, ok := strings.CutPrefix(e.Value, etcdSemaphoreValue); ok && st.Limit == 0 {
+			if n, err := strconv.Atoi(l); err == nil && n > 0 {
+				st.Kind, st.Limit = "semaphore", n
+			}
+		}
+		if len(st.Entries) < max(st.Limit, 1) {
 			e.Role, e.Token = "holder", uint64(kv.CreateRevision)
 		}
 		if ttl, err := r.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL >= 0 {
@@ -261,6 +280,12 @@ func (r consulReader) list(ctx context.Context, name string, index uint64) (*sta
 	}
 	st := &state{Backend: "consul", Name: name, Index: meta.LastIndex}
 	lockKey := hfconsul.LockKey(name)
+	for _, p := range pairs {
+		if p.Key == lockKey && p.Flags == hfconsul.SemaphoreFlagValue {
+			r.semaphore(ctx, st, lockKey, p, pairs)
+			return st, nil
+		}
+	}
 	queuePfx := name + "/.queue/"
 	var queue []*api.KVPair
 	var lock *api.KVPair
@@ -320,6 +345,56 @@ func tokenOf(lock *api.KVPair) uint64 {
 	return lock.ModifyIndex
 }
 
+// semaphore fills st from a semaphore's keys (api.Semaphore's layout): the
+// holders named in the lock key that still hold their contender key, then
+// the other contenders in order of arrival.
+func (r consulReader) semaphore(ctx context.Context, st *state, lockKey string, lock *api.KVPair, pairs api.KVPairs) {
+	st.Kind = "semaphore"
+	var body struct {
+		Limit   int
+		Holders map[string]bool
+	}
+	if err := json.Unmarshal(lock.Value, &body); err != nil {
+		st.Other = append(st.Other, fmt.Sprintf("%s (undecodable: %v)", lockKey, err))
+	}
+	st.Limit = body.Limit
+	var holders, waiters []*api.KVPair
+	for _, p := range pairs {
+		id, ok := strings.CutPrefix(p.Key, st.Name+"/")
+		switch {
+		case p.Key == lockKey:
+		case !ok || strings.Contains(id, "/") || p.Flags != hfconsul.SemaphoreFlagValue:
+			st.Other = append(st.Other, p.Key)
+		case p.Session == "":
+			// a dead contender's key, pruned by the next write
+		case body.Holders[p.Session]:
+			holders = append(holders, p)
+		default:
+			waiters = append(waiters, p)
+		}
+	}
+	byArrival := func(ps []*api.KVPair) {
+		sort.Slice(ps, func(i, j int) bool { return ps[i].CreateIndex < ps[j].CreateIndex })
+	}
+	byArrival(holders)
+	byArrival(waiters)
+	for i, p := range append(holders, waiters...) {
+		e := entry{Role: "waiter", Position: i, Key: p.Key, Session: p.Session, Value: string(p.Value)}
+		if i < len(holders) {
+			e.Role = "holder"
+			if e.Value == "holdfast held" {
+				e.Token = p.ModifyIndex // the write that admitted it
+			} else {
+				e.Native = true
+			}
+		}
+		if s, _, err := r.c.Session().Info(p.Session, (&api.QueryOptions{}).WithContext(ctx)); err == nil && s != nil {
+			e.TTL, e.LockDelay = s.TTL, s.LockDelay.String()
+		}
+		st.Entries = append(st.Entries, e)
+	}
+}
+
 func (r consulReader) wait(ctx context.Context, name string, index uint64) error {
 	for {
 		st, err := r.list(ctx, name, index)
@@ -346,7 +421,11 @@ func (p printer) print(st *state) error {
 	if p.clear {
 		fmt.Fprint(p.w, "\x1b[H\x1b[2J")
 	}
-	fmt.Fprintf(p.w, "%s %s %q at index %d: ", st.Backend, st.Kind, st.Name, st.Index)
+	kind := st.Kind
+	if st.Limit > 0 {
+		kind = fmt.Sprintf("%s (limit %d)", kind, st.Limit)
+	}
+	fmt.Fprintf(p.w, "%s %s %q at index %d: ", st.Backend, kind, st.Name, st.Index)
 	switch {
 	case len(st.Entries) == 0:
 		fmt.Fprintln(p.w, "free, nobody waits")

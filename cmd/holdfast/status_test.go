@@ -201,3 +201,82 @@ func TestStatusConsul(t *testing.T) {
 		t.Errorf("consul lock's holder: %+v, want a holder marked as not holdfast", st.Entries[0])
 	}
 }
+
+// TestStatusSemaphore: a semaphore shows its limit, every holder with its
+// token, and the waiters in order, on etcd and on Consul (where a `consul
+// lock -n` holder shows up as not holdfast).
+func TestStatusSemaphore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Run("etcd", func(t *testing.T) {
+		e := embedtest.Etcd(t)
+		var tokens []uint64
+		for i := range 3 {
+			s, err := hfetcd.NewSession(ctx, e.Client(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			sem, err := hfetcd.NewSemaphore(s, "st/sem", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i < 2 {
+				g, err := sem.Lock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tokens = append(tokens, uint64(g.Token()))
+				continue
+			}
+			go func() { _, _ = sem.Lock(ctx) }()
+		}
+		eventually(t, 10*time.Second, "the waiter did not queue", func() bool { return len(keysUnder(t, e.Client(t), "st/sem/")) == 3 })
+		st := statusJSON(t, "--endpoints", e.Endpoints()[0], "st/sem")
+		if st.Kind != "semaphore" || st.Limit != 2 || len(st.Entries) != 3 {
+			t.Fatalf("status %+v: want a semaphore with limit 2 and 3 contenders", st)
+		}
+		for i, want := range []string{"holder", "holder", "waiter"} {
+			if st.Entries[i].Role != want || (i < 2 && st.Entries[i].Token != tokens[i]) {
+				t.Errorf("entry %d: %+v, want a %s (tokens %v)", i, st.Entries[i], want, tokens)
+			}
+		}
+	})
+	t.Run("consul", func(t *testing.T) {
+		a := embedtest.Consul(t)
+		bin, err := embedtest.ConsulBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := hfconsul.NewSession(ctx, a.Client(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		sem, err := hfconsul.NewSemaphore(s, "st/sem", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := sem.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		native := exec.Command(bin, "lock", "-http-addr="+a.HTTPAddr, "-n", "2", "st/sem", "sleep 30")
+		if err := native.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = native.Process.Kill(); _ = native.Wait() }()
+		var st state
+		eventually(t, 20*time.Second, "consul lock -n 2 did not get a permit", func() bool {
+			st = statusJSON(t, "--backend", "consul", "--addr", a.HTTPAddr, "st/sem")
+			return len(st.Entries) == 2
+		})
+		if st.Kind != "semaphore" || st.Limit != 2 {
+			t.Fatalf("status %+v: want a semaphore with limit 2", st)
+		}
+		h0, h1 := st.Entries[0], st.Entries[1]
+		if h0.Role != "holder" || h0.Token != uint64(g.Token()) || h0.Native || h1.Role != "holder" || !h1.Native {
+			t.Errorf("holders %+v and %+v: want holdfast's (token %d), then consul lock's", h0, h1, g.Token())
+		}
+	})
+}

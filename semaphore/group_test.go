@@ -438,8 +438,15 @@ func TestGroupFirstError(t *testing.T) {
 // function's context with a cause wrapping holdfast.ErrLost; the function's
 // ctx error, or its nil, is reported as an error wrapping the loss.
 func TestGroupLoss(t *testing.T) {
-	leakcheck.Check(t)
-	st := etcdMutexes(t)
+	for _, sc := range stores() {
+		t.Run(sc.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			testGroupLoss(t, sc.mk(t))
+		})
+	}
+}
+
+func testGroupLoss(t *testing.T, st store) {
 	for _, tc := range []struct {
 		name    string
 		returns func(ctx context.Context) error

@@ -377,3 +377,62 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestCampaignCancelLeavesNothing: a Campaign that gives up, and one whose
+// session is destroyed while it waits, leave nothing in Consul; the leader
+// is unaffected.
+func TestCampaignCancelLeavesNothing(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(ctx, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(cctx, []byte("two")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
+	}
+	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	s3 := newSession(t, c, WithLockDelay(0))
+	done := make(chan error, 1)
+	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	destroy(t, c, s3.ID())
+	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
+		t.Fatalf("Campaign of a destroyed session: %v", err)
+	}
+	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	if g.Context().Err() != nil {
+		t.Fatal("the leader's context ended")
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Fatalf("keys left: %v", ks)
+	}
+}
+
+// TestObserveEndsWithSession: Observe's channel is closed when the session
+// ends.
+func TestObserveEndsWithSession(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	s := newSession(t, c, WithLockDelay(0))
+	obs := newElection(t, s, uniqueName(t)).Observe(context.Background())
+	if l := nextLeader(t, obs, 5*time.Second); !l.None() {
+		t.Fatalf("first: %+v, want no leader", l)
+	}
+	_ = s.Close()
+	select {
+	case _, ok := <-obs:
+		if ok {
+			t.Fatal("a change after the session closed")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Observe's channel not closed with the session")
+	}
+}

@@ -82,6 +82,14 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			}
 			return holdfast.AsLocker[*etcd.Grant](sem), f
 		},
+		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			rw, err := etcd.NewRWMutex(s, name)
+			if err != nil {
+				t.Fatalf("NewRWMutex(%q): %v", name, err)
+			}
+			return conformance.AsRWLocker[*etcd.Grant](rw), f
+		},
 		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
 			s, f := conformanceSession(t, c)
 			e, err := etcd.NewElection(s, name)

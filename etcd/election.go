@@ -302,7 +302,7 @@ func (e *Election) follow(ctx context.Context, in chan<- holdfast.Leader) {
 		for { // watch from rev+1 until compacted
 			compacted := false
 			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-			for wr := range e.s.client.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+			for wr := range e.s.client.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(observeFrom(rev))) {
 				if wr.CompactRevision != 0 {
 					compacted = true
 					break
@@ -342,6 +342,10 @@ func (e *Election) follow(ctx context.Context, in chan<- holdfast.Leader) {
 		}
 	}
 }
+
+// observeFrom is the revision Observe's watch starts from after the
+// revision rev was read or seen (tests replace it).
+var observeFrom = func(rev int64) int64 { return rev + 1 }
 
 // put records kv if it is a candidate's key ("<prefix><lease hex>"; keys of
 // longer names are not candidates).

@@ -325,6 +325,50 @@ func TestObserveEveryLeader(t *testing.T) {
 	}
 }
 
+// TestObserveCompaction: an Observe whose watch starts from a compacted
+// revision reads the keys again and goes on delivering changes.
+func TestObserveCompaction(t *testing.T) {
+	c := embedtest.Etcd(t)
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "svc/compact"
+	s := newSession(t, c, etcd.WithTTL(5*time.Second))
+	e := newElection(t, s, name)
+	g1, err := e.Campaign(ctx, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(ctx, "other", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	used := etcd.ObserveFromOnce(1) // compacted: the watch is cancelled at once
+	obs := newElection(t, newSession(t, c, etcd.WithTTL(5*time.Second)), name).Observe(ctx)
+	if l := next(t, obs, 5*time.Second); l.Term != g1.Token() {
+		t.Fatalf("first: %+v", l)
+	}
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := next(t, obs, 5*time.Second); !l.None() {
+		t.Fatalf("after resign: %+v, want no leader", l)
+	}
+	g2, err := e.Campaign(ctx, []byte("two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := next(t, obs, 5*time.Second); l.Term != g2.Token() || string(l.Value) != "two" {
+		t.Fatalf("after campaign: %+v, want term %d", l, g2.Token())
+	}
+	if !used() {
+		t.Fatal("the watch did not start from the compacted revision: the test tested nothing")
+	}
+}
+
 // TestCampaignCancelLeavesNothing: a Campaign that gives up leaves no key,
 // and a waiter whose lease is revoked never becomes leader.
 func TestCampaignCancelLeavesNothing(t *testing.T) {
@@ -360,5 +404,28 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	}
 	if ks := keys(t, cli, name+"/"); len(ks) != 0 {
 		t.Fatalf("keys left: %v", ks)
+	}
+}
+
+// TestObserveEndsWithSession: Observe's channel is closed when the session
+// ends, and at once for a nil context.
+func TestObserveEndsWithSession(t *testing.T) {
+	c := embedtest.Etcd(t)
+	s := newSession(t, c, etcd.WithTTL(5*time.Second))
+	e := newElection(t, s, "svc/ends")
+	obs := e.Observe(context.Background())
+	next(t, obs, 5*time.Second)
+	_ = s.Close()
+	select {
+	case _, ok := <-obs:
+		if ok {
+			t.Fatal("a change after the session closed")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Observe's channel not closed with the session")
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if _, ok := <-e.Observe(nil); ok { //nolint:staticcheck
+		t.Fatal("Observe(nil) delivered")
 	}
 }

@@ -51,12 +51,13 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all).Commit()
+	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...) // with its value: a semaphore's?
+	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all, head).Commit()
 	if err != nil {
 		return 0, err
 	}
 	if !resp.Succeeded {
-		if err := q.conflict(resp.Responses[0].GetResponseRange().GetKvs()...); err != nil {
+		if err := q.conflict(append(resp.Responses[0].GetResponseRange().GetKvs(), first(resp.Responses[1]))...); err != nil {
 			return 0, err
 		}
 		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])
@@ -294,7 +295,9 @@ const lateJoinWatch = 30 * time.Second
 // acquisition of ours uses: a stale waiter that would stop the queue behind
 // it. For a while (lateJoinWatch, or until the session ends) the session
 // watches the key, and removes such a key if no acquisition or grant of
-// this session is using the name at that moment.
+// this session is using the name at that moment, or if the one that does
+// uses the name's other key (a read-write lock's reader and writer keys
+// differ).
 func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 	ctx, cancel := context.WithTimeout(ctx, lateJoinWatch)
 	defer cancel()
@@ -303,27 +306,18 @@ func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 		for _, ev := range wr.Events {
 			free, ok := q.s.names.TryAcquire(name)
 			if !ok {
-				// An acquisition of ours uses the name now. If it uses this
-				// key (it reuses a key it finds), its end deletes it; if it
-				// uses another key of the name (a read-write lock has two),
-				// the late key is stale: wait for the name, then remove that
-				// incarnation if it is still there.
-				if free, ok = q.waitName(name); !ok {
-					return
+				if k, found := q.s.using.Load(name); !found || k.(string) == q.key {
+					return // an acquisition of ours uses the key now: it is its own
 				}
+				// The acquisition uses the name's other key (a read-write
+				// lock has two): this one is stale, and may be ahead of it.
+				free = func() {}
 			}
 			_, _ = q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", ev.Kv.CreateRevision)).
 				Then(clientv3.OpDelete(q.key)).Commit()
 			free()
 		}
 	}
-}
-
-// waitName waits for the session's slot of name while the session lives
-// (not only while the sweep watches).
-func (q queue) waitName(name string) (func(), bool) {
-	free, err := q.s.names.Acquire(q.s.keeper.Context(), name)
-	return free, err == nil
 }
 
 // first returns the first key of a range answer in a Txn, or nil.
@@ -349,7 +343,8 @@ func first(op *pb.ResponseOp) *mvccpb.KeyValue {
 //     also needs puts) and wait until the server confirms the watch.
 //  2. Join: one Txn puts our key (if absent) and, before the put, counts
 //     the keys that block us (all of them are ahead of us then). Fewer than
-//     limit: we hold.
+//     limit: we hold. A join whose outcome is unknown (transport error) is
+//     sent again: if the first one put our key, the second reuses it.
 //  3. Wait: every event after the join that removes a key created before
 //     ours (its previous value's create revision is below ours) lowers the
 //     count (the counter says which events count); when it drops below
@@ -411,9 +406,27 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 		return notJoined, err
 	}
 	defer func() { stop() }()
-	rev, n, seen, err := q.joinCounted(ctx, c)
-	if err != nil {
-		return rev, err
+	var n int
+	var seen int64
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		rev, n, seen, err = q.joinCounted(ctx, c)
+		if err == nil {
+			break
+		}
+		if rev != 0 || ctx.Err() != nil || core.Final(storeErr(err)) {
+			return rev, err
+		}
+		// A transport error (or the server's "request timed out"): the join
+		// may have applied. Join again: the absent-key compare makes the
+		// second join reuse our key if the first one put it, and a first
+		// join that lands late writes nothing.
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, err
+		}
 	}
 	for {
 		if n < c.limit() {

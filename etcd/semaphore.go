@@ -264,6 +264,13 @@ func take(ctx context.Context, q queue, name string, try bool, acquire func(cont
 			return nil, failed(ctx, s, name, err)
 		}
 	}
+	s.using.Store(name, q.key)
+	free = func(free func()) func() {
+		return func() {
+			s.using.CompareAndDelete(name, q.key)
+			free()
+		}
+	}(free)
 	rev, err := acquire(ctx)
 	if err == nil {
 		err = s.alive() // never hand out a grant of a session already lost
@@ -276,18 +283,18 @@ func take(ctx context.Context, q queue, name string, try bool, acquire func(cont
 		}
 		return nil, failed(ctx, s, name, err)
 	}
-	return newGrant(q, rev, func() { free() }), nil
+	return newGrant(q.s, q.pfx, q.key, rev, rev, free, nil), nil
 }
 
-// newGrant returns the grant of q's key at create revision rev, watched by
-// the session from a moment after it is handed out; done runs once it has
-// ended in the store.
-func newGrant(q queue, rev int64, done func()) *Grant {
-	s := q.s
-	g := &Grant{s: s, pfx: q.pfx, rev: rev, from: rev + 1}
-	g.base = core.NewGrant(s.keeper, s.bg, q.key, holdfast.Token(rev), g.release, func() {
+// newGrant returns the grant of key, at create revision rev, with token
+// token, watched by the session from a moment after it is handed out. free
+// (the session's slot of the name) is called once the grant has ended in
+// the store; also runs with the release.
+func newGrant(s *Session, pfx, key string, rev, token int64, free func(), also []clientv3.Op) *Grant {
+	g := &Grant{s: s, pfx: pfx, rev: rev, from: rev + 1, free: free, also: also}
+	g.base = core.NewGrant(s.keeper, s.bg, key, holdfast.Token(token), g.release, func() {
 		s.watcher.remove(g)
-		done()
+		g.free()
 	})
 	time.AfterFunc(watchDelay, func() { s.watcher.add(g) })
 	return g

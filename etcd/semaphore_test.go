@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -434,7 +435,8 @@ func TestSemaphoreMutexConflict(t *testing.T) {
 	if _, err := m.Lock(ctx); !errors.Is(err, holdfast.ErrConflict) {
 		t.Fatalf("mutex Lock on a held semaphore: %v, want ErrConflict", err)
 	}
-	if _, err := m.TryLock(ctx); !errors.Is(err, holdfast.ErrConflict) && !errors.Is(err, holdfast.ErrLocked) {
+	// (a session of its own: the failed Lock's cleanup holds m's session's name)
+	if _, err := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "sem/m2").TryLock(ctx); !errors.Is(err, holdfast.ErrConflict) {
 		t.Fatalf("mutex TryLock on a held semaphore: %v", err)
 	}
 	waitFor(t, 2*time.Second, "the mutex's key removed", func() bool {
@@ -603,4 +605,88 @@ func TestSemaphoreRPCsFlat(t *testing.T) {
 		figures[n] = rpcsPerAcquisition(t, c, n, max(2, 64/n))
 	}
 	flat(t, figures)
+}
+
+// Churn on 3 members: contenders on different members, some giving up
+// while they wait (their keys leave from the middle of the queue), some
+// revoked while holding; never more than limit holders (counted in-process
+// and with a fenced write per permit), and every waiter that stays is
+// eventually admitted.
+func TestSemaphoreChurnThreeMembers(t *testing.T) {
+	c := embedtest.EtcdCluster(t, 3)
+	admin := c.Client(t)
+	ctx := context.Background()
+	const name, limit, workers, rounds = "sem/churn", 3, 9, 6
+	var inside, most, admitted, gaveUp atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		cli := c.Client(t, func(cfg *clientv3.Config) { cfg.Endpoints = []string{c.Endpoint(w % 3)} })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				s, err := etcd.NewSession(ctx, cli, etcd.WithTTL(5*time.Second))
+				if err != nil {
+					t.Logf("new session: %v", err) // a loaded 3-member cluster may time a request out
+					continue
+				}
+				sem, err := etcd.NewSemaphore(s, name, limit)
+				if err != nil {
+					errs <- err
+					return
+				}
+				lctx, cancel := context.WithTimeout(ctx, time.Duration(5+rand.IntN(40))*time.Millisecond)
+				if rand.IntN(2) == 0 {
+					cancel()
+					lctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+				}
+				g, err := sem.Lock(lctx)
+				cancel()
+				if err != nil {
+					gaveUp.Add(1)
+					if !errors.Is(err, context.DeadlineExceeded) {
+						errs <- err
+					}
+					_ = s.Close()
+					continue
+				}
+				admitted.Add(1)
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if _, err := g.Txn(ctx, clientv3.OpPut(fmt.Sprintf("sem-churn/%d", w), fmt.Sprint(r))); errors.Is(err, holdfast.ErrNotHeld) {
+					errs <- err
+				} else if err != nil {
+					t.Logf("guarded txn: %v", err)
+				}
+				time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond)
+				inside.Add(-1)
+				if r%3 == 2 {
+					// Lose the permit from outside; the session notices.
+					if _, err := admin.Revoke(ctx, s.Lease()); err == nil {
+						<-g.Context().Done()
+					} else {
+						t.Logf("revoke: %v", err)
+					}
+				} else if err := g.Unlock(ctx); err != nil {
+					errs <- err
+				}
+				_ = s.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d admitted, %d gave up, most holders at once %d (limit %d)", admitted.Load(), gaveUp.Load(), most.Load(), limit)
+	if most.Load() > limit {
+		t.Fatalf("%d holders at once, limit %d", most.Load(), limit)
+	}
+	if admitted.Load() == 0 {
+		t.Fatal("nobody admitted")
+	}
+	waitFor(t, 5*time.Second, "no key left", func() bool { return len(keys(t, admin, name+"/")) == 0 })
 }

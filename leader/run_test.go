@@ -73,7 +73,9 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool { return len(sub) == 0 || len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0) }
+func contains(s, sub string) bool {
+	return len(sub) == 0 || len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0)
+}
 
 func indexOf(s, sub string) int {
 	for i := 0; i+len(sub) <= len(s); i++ {
@@ -198,7 +200,7 @@ type journal struct {
 	events  []event          // starts and ends of terms, in the order they happened
 	starts  []holdfast.Token // terms, in order of OnStartedLeading
 	writes  []write          // committed guarded writes
-	refused int              // guarded writes refused while the leadership context was alive
+	refused int              // guarded writes started under a live leadership context, refused
 	started chan started
 }
 
@@ -252,8 +254,8 @@ func run[G holdfast.Grant](ctx context.Context, st store[G], c leader.Candidate[
 					j.mu.Lock()
 					if err == nil {
 						j.writes = append(j.writes, write{order, g.Token()})
-					} else if errors.Is(err, holdfast.ErrNotHeld) && lctx.Err() == nil {
-						j.refused++
+					} else if errors.Is(err, holdfast.ErrNotHeld) {
+						j.refused++ // started while its context was alive, refused by the store's guard
 					}
 					j.mu.Unlock()
 					time.Sleep(time.Millisecond)
@@ -304,7 +306,7 @@ func (j *journal) check(t *testing.T, toldFirst bool) {
 			live[e.term] = true
 		}
 	}
-	t.Logf("%d terms, %d guarded writes committed, %d refused to a leader that had not noticed its loss yet, 0 committed out of order", len(j.starts), len(ws), j.refused)
+	t.Logf("%d terms, %d guarded writes committed (%d of them after a newer leader's), %d refused (started by a leader that had not noticed its loss yet)", len(j.starts), len(ws), double, j.refused)
 }
 
 // manyFailovers runs 3 candidates on one name and forces n failovers by
@@ -393,6 +395,9 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 			<-j.started // member 0 leads first
 		}
 	}
+	// The observer is a candidate too (leader.Run campaigns): it joins the
+	// queue after the others, so that it would lead only after them.
+	time.Sleep(300 * time.Millisecond)
 	var observed []holdfast.Leader
 	var omu sync.Mutex
 	oc, _, _ := st.join(t, name)
@@ -408,7 +413,7 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 			},
 		})
 	}()
-	time.Sleep(300 * time.Millisecond) // the others queue behind member 0, and the observer
+	time.Sleep(300 * time.Millisecond) // the observer queues behind the others
 	cutAt := time.Now()
 	cuts[0]()
 	next := <-j.started
@@ -450,9 +455,13 @@ func toldFirst[G holdfast.Grant](t *testing.T, st store[G], bound time.Duration,
 	}
 }
 
+// TestToldFirstEtcd: the failover after the leader is cut off is at most
+// TTL after its last keepalive, plus up to 500 ms (etcd revokes expired
+// leases on a 500 ms tick), so within TTL + 0.5 s of the cut; the assertion
+// allows 0.5 s more for a loaded machine (the figure is logged).
 func TestToldFirstEtcd(t *testing.T) {
 	ttl := etcd.MinTTL
-	toldFirst(t, etcdStore(t, ttl), ttl+500*time.Millisecond, true)
+	toldFirst(t, etcdStore(t, ttl), ttl+time.Second, true)
 }
 
 func TestToldFirstConsul(t *testing.T) {

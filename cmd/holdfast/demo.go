@@ -52,6 +52,9 @@ Needs no flags and no server; takes about 6 seconds.`,
 			if !res.ok() {
 				return fmt.Errorf("demo failed: overlaps=%d stale_writes_rejected=%d", res.Overlaps, res.StaleRejected)
 			}
+			if act, err := runElectionAct(ctx, e.stdout, defaultElectionAct); err != nil || !act.ok(defaultElectionAct) {
+				return fmt.Errorf("demo act 3 (election) failed: %v %+v", err, act)
+			}
 			return nil
 		}
 	},

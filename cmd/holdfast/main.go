@@ -14,6 +14,7 @@
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo       show fencing at work: a paused holder's stale write is rejected
 //	bench      benchmark holdfast's locks against the stores' native recipes
+//	soak       run the safety suite under injected faults for as long as asked
 //	version    print the version
 //	completion generate a shell completion script (bash, zsh, fish, powershell)
 //	help       show help for a command
@@ -72,7 +73,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, versionCommand}
+	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
 }
 
 func main() {

@@ -84,7 +84,7 @@ const (
 )
 
 // Scenarios lists the runnable scenarios in the order "all" runs them.
-var Scenarios = []string{ScenarioLock, ScenarioHandoff, ScenarioTakeover}
+var Scenarios = []string{ScenarioLock, ScenarioHandoff, ScenarioTakeover, ScenarioElection}
 
 // Options configure a run. The zero value of a field means its default.
 type Options struct {
@@ -189,10 +189,10 @@ func Run(ctx context.Context, t Target, scenario string, opts Options) (Summary,
 	switch scenario {
 	case ScenarioAll:
 		scenarios = Scenarios
-	case ScenarioLock, ScenarioHandoff, ScenarioTakeover, ScenarioSemaphore:
+	case ScenarioLock, ScenarioHandoff, ScenarioTakeover, ScenarioElection, ScenarioSemaphore:
 		scenarios = []string{scenario}
 	default:
-		return Summary{}, fmt.Errorf("%w: unknown scenario %q (want lock, handoff, takeover, semaphore or all)", ErrUsage, scenario)
+		return Summary{}, fmt.Errorf("%w: unknown scenario %q (want lock, handoff, takeover, election, semaphore or all)", ErrUsage, scenario)
 	}
 	r := &runner{t: t, opts: opts, runID: randomID()}
 	for _, sc := range scenarios {
@@ -201,6 +201,8 @@ func Run(ctx context.Context, t Target, scenario string, opts Options) (Summary,
 			err = r.semaphore(ctx)
 		} else if sc == ScenarioTakeover {
 			err = r.takeover(ctx)
+		} else if sc == ScenarioElection {
+			err = r.election(ctx)
 		} else {
 			err = r.contended(ctx, sc)
 		}

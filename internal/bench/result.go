@@ -49,6 +49,10 @@ type Result struct {
 	TakeoverAll []float64 `json:"takeover_all_ms,omitempty"`
 	NoticeMS    *float64  `json:"notice_ms"`
 	Repeats     int       `json:"repeats,omitempty"`
+	// Election rows (see ScenarioElection).
+	FailoverMS  *float64  `json:"failover_ms,omitempty"`
+	FailoverAll []float64 `json:"failover_all_ms,omitempty"`
+	ObserveMS   *float64  `json:"observe_ms,omitempty"`
 
 	TTLS       float64 `json:"ttl_s"`
 	Note       string  `json:"note,omitempty"`
@@ -72,6 +76,8 @@ type Ratio struct {
 	RPCsPerAcq  *float64 `json:"rpcs_per_acq"`
 	Fairness    *float64 `json:"fairness"`
 	TakeoverMS  *float64 `json:"takeover_ms,omitempty"`
+	FailoverMS  *float64 `json:"failover_ms,omitempty"`
+	ObserveMS   *float64 `json:"observe_ms,omitempty"`
 	// Notes explain ratios left null because native's value is 0.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -90,8 +96,10 @@ func NewRatio(h, n Result) Ratio {
 		HandoffP50:  divp(h.HandoffP50MS, n.HandoffP50MS),
 		Fairness:    divp(h.Fairness, n.Fairness),
 		TakeoverMS:  divp(h.TakeoverMS, n.TakeoverMS),
+		FailoverMS:  divp(h.FailoverMS, n.FailoverMS),
+		ObserveMS:   divp(h.ObserveMS, n.ObserveMS),
 	}
-	if h.Scenario != ScenarioTakeover {
+	if h.Scenario != ScenarioTakeover && h.Scenario != ScenarioElection {
 		q.AcqPerS = div(h.AcqPerS, n.AcqPerS)
 		q.HandoffsPS = div(h.HandoffsPerS, n.HandoffsPerS)
 		if n.HandoffsPerS == 0 && h.HandoffsPerS > 0 {

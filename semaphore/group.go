@@ -22,7 +22,9 @@ const unlockTimeout = 5 * time.Second
 // (or any holdfast.Locker), at most one per locker at a time.
 //
 // A Group must be made with NewGroup, and must not be copied after first
-// use. Its methods are safe for concurrent use.
+// use. Its methods are safe for concurrent use. It serves one batch of work:
+// once Wait has returned, its context is done, and functions passed to Go
+// after that are not called (their error is the failed wait for a permit).
 type Group struct {
 	parent context.Context // the context given to NewGroup
 	ctx    context.Context // errgroup's: cancelled by the first error or Wait

@@ -575,3 +575,29 @@ type fakeLocker struct{}
 
 func (fakeLocker) Lock(context.Context) (holdfast.Grant, error)    { return nil, holdfast.ErrLocked }
 func (fakeLocker) TryLock(context.Context) (holdfast.Grant, error) { return nil, holdfast.ErrLocked }
+
+// TestGroupAfterWait: a Group serves one batch: after Wait, a function
+// passed to Go is not called, and the next Wait says why.
+func TestGroupAfterWait(t *testing.T) {
+	leakcheck.Check(t)
+	st := etcdMutexes(t)
+	name := uniqueName(t)
+	ls, _ := st.lockers(t, name, 1)
+	g, err := semaphore.NewGroup(t.Context(), ls...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	g.Go(func(context.Context) error { ran.Add(1); return nil })
+	if err := g.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	g.Go(func(context.Context) error { ran.Add(1); return nil })
+	if err := g.Wait(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait after a function passed to Go after Wait: %v, want context.Canceled", err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("%d functions ran, want 1", n)
+	}
+	waitKeys(t, st, name, 0)
+}

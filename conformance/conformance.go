@@ -458,6 +458,16 @@ func (s *suite) early(ch <-chan result, what string) (result, bool) {
 	}
 }
 
+// waiting fails the subtest now if ch has a result already: a call that
+// should still be blocked returned (the properties of semaphores, RW locks
+// and elections stop there rather than wait out what follows).
+func (s *suite) waiting(ch <-chan result, what string) {
+	s.t.Helper()
+	if _, early := s.early(ch, what); early {
+		s.t.FailNow()
+	}
+}
+
 // waitGroup waits for wg up to d; it reports whether wg finished.
 func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
 	done := make(chan struct{})

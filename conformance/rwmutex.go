@@ -141,9 +141,7 @@ func testRWReadersShare(s *suite) {
 	defer cancel()
 	rres := start(ctx, readLocker{ls[2]}, false)
 	time.Sleep(300 * time.Millisecond)
-	if _, early := s.early(rres, "R2: RLock while W writes"); early {
-		return
-	}
+	s.waiting(rres, "R2: RLock while W writes")
 	s.unlock(gw, "W")
 	r := s.await(rres, s.op+slack, "R2: RLock after W's release")
 	if r.err != nil {
@@ -187,10 +185,8 @@ func testRWWriterNotStarved(s *suite) {
 		s.t.Fatalf("R2's key did not appear within %v: keys %q", keyWait, ks)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if _, early := s.early(r2res, "R2: RLock behind a queued writer"); early {
-		s.t.Errorf("R2 read while W, queued before it, waited: a writer can be starved by readers")
-	}
-	s.early(wres, "W: Lock while R1 reads")
+	s.waiting(r2res, "R2: RLock behind a queued writer (a writer must not be starved by readers)")
+	s.waiting(wres, "W: Lock while R1 reads")
 	s.expectLocked(readLocker{r3}, "R3 (read) while W is queued")
 
 	s.unlock(g1, "R1")
@@ -200,9 +196,7 @@ func testRWWriterNotStarved(s *suite) {
 	}
 	got("W")
 	time.Sleep(100 * time.Millisecond)
-	if r, early := s.early(r2res, "R2: RLock while W writes"); early && r.err == nil {
-		got("R2")
-	}
+	s.waiting(r2res, "R2: RLock while W writes")
 	s.unlock(rw.g, "W")
 	r := s.await(r2res, s.op+slack, "R2: RLock after W's release")
 	if r.err != nil {
@@ -244,16 +238,14 @@ func testRWCancelCleanup(s *suite) {
 			s.t.Fatalf("%s's key did not appear within %v: keys %q", c.waiter, keyWait, ks)
 		}
 		time.Sleep(100 * time.Millisecond)
-		r, returned := s.early(res, c.waiter+" while "+c.holder+" holds")
+		s.waiting(res, c.waiter+" while "+c.holder+" holds")
 		bcancel()
-		if !returned {
-			r = s.await(res, slack, c.waiter+" after its context was cancelled")
-		}
+		r := s.await(res, slack, c.waiter+" after its context was cancelled")
 		if r.err == nil || !errors.Is(r.err, context.Canceled) {
 			s.t.Errorf("%s, cancelled while %s holds: grant %s, err %v, want an error matching context.Canceled", c.waiter, c.holder, describe(r.g), r.err)
 		}
 		if ks, ok := s.waitKeys(settle, equals(only)); !ok {
-			s.t.Errorf("keys %v after %s's cancelled wait: %q, want the holder's only: %q (left behind: %q)", settle, c.waiter, ks, only, without(ks, only))
+			s.t.Fatalf("keys %v after %s's cancelled wait: %q, want the holder's only: %q (left behind: %q)", settle, c.waiter, ks, only, without(ks, only))
 		}
 
 		// X asks for the other kind than the holder's, with a deadline.
@@ -268,7 +260,7 @@ func testRWCancelCleanup(s *suite) {
 			s.t.Errorf("X: lock past its deadline while %s holds: grant %s, err %v, want an error matching context.DeadlineExceeded", c.holder, describe(r.g), r.err)
 		}
 		if ks, ok := s.waitKeys(settle, equals(only)); !ok {
-			s.t.Errorf("keys %v after X gave up: %q, want the holder's only: %q (left behind: %q)", settle, ks, only, without(ks, only))
+			s.t.Fatalf("keys %v after X gave up: %q, want the holder's only: %q (left behind: %q)", settle, ks, only, without(ks, only))
 		}
 		if isDone(g.Context()) {
 			s.t.Errorf("%s: grant context done after the waiters gave up: %v", c.holder, context.Cause(g.Context()))

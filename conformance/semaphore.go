@@ -185,7 +185,7 @@ func testSemaphoreKilledHolder(s *suite) {
 	if ks, ok := s.waitKeys(keyWait, grows(len(full))); !ok {
 		s.t.Fatalf("W's key did not appear within %v: keys %q", keyWait, ks)
 	}
-	s.early(wres, "W: Lock on a full semaphore")
+	s.waiting(wres, "W: Lock on a full semaphore")
 	f0.Kill()
 	killed := time.Now()
 	if !waitDone(gs[0].Context(), s.b.LossNotice) {
@@ -236,16 +236,14 @@ func testSemaphoreCancelCleanup(s *suite) {
 		s.t.Fatalf("B's key did not appear within %v: keys %q", keyWait, ks)
 	}
 	time.Sleep(200*time.Millisecond - time.Since(t0))
-	r, returned := s.early(bres, "B: Lock on a full semaphore")
+	s.waiting(bres, "B: Lock on a full semaphore")
 	bcancel()
-	if !returned {
-		r = s.await(bres, slack, "B: Lock after its context was cancelled")
-	}
+	r := s.await(bres, slack, "B: Lock after its context was cancelled")
 	if r.err == nil || !errors.Is(r.err, context.Canceled) {
 		s.t.Errorf("B: Lock on a full semaphore, cancelled: grant %s, err %v, want an error matching context.Canceled", describe(r.g), r.err)
 	}
 	if ks, ok := s.waitKeys(settle, equals(full)); !ok {
-		s.t.Errorf("keys %v after B's cancelled Lock returned: %q, want the holders' only: %q (left behind: %q)", settle, ks, full, without(ks, full))
+		s.t.Fatalf("keys %v after B's cancelled Lock returned: %q, want the holders' only: %q (left behind: %q)", settle, ks, full, without(ks, full))
 	}
 
 	cctx, ccancel := context.WithTimeout(s.root, 300*time.Millisecond)
@@ -255,7 +253,7 @@ func testSemaphoreCancelCleanup(s *suite) {
 		s.t.Errorf("C: Lock on a full semaphore past its deadline: grant %s, err %v, want an error matching context.DeadlineExceeded", describe(r.g), r.err)
 	}
 	if ks, ok := s.waitKeys(settle, equals(full)); !ok {
-		s.t.Errorf("keys %v after C's Lock hit its deadline: %q, want the holders' only: %q (left behind: %q)", settle, ks, full, without(ks, full))
+		s.t.Fatalf("keys %v after C's Lock hit its deadline: %q, want the holders' only: %q (left behind: %q)", settle, ks, full, without(ks, full))
 	}
 
 	dctx, dcancel := context.WithCancel(s.root)

@@ -15,13 +15,14 @@ import (
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/leader"
 )
 
 const conformanceTTL = 3 * time.Second
 
-// conformanceSession returns a session with a client of its own, as a
-// separate process would have, talking to every member through a fault
-// proxy, and the faults around it.
+// conformanceSession returns a session of its own, with a client of its
+// own that reaches every member through its own fault proxy, as a separate
+// process would, and the faults that act on them.
 func conformanceSession(t *testing.T, c *embedtest.Cluster) (*etcd.Session, conformance.Faults) {
 	var proxies []*embedtest.Proxy
 	var eps []string
@@ -67,40 +68,38 @@ func conformanceSession(t *testing.T, c *embedtest.Cluster) (*etcd.Session, conf
 	}
 }
 
-// rwLocker adapts *etcd.RWMutex to conformance.RWLocker.
-type rwLocker struct{ rw *etcd.RWMutex }
-
-func (l rwLocker) Lock(ctx context.Context) (holdfast.Grant, error) { return asGrant(l.rw.Lock(ctx)) }
-func (l rwLocker) TryLock(ctx context.Context) (holdfast.Grant, error) {
-	return asGrant(l.rw.TryLock(ctx))
-}
-func (l rwLocker) RLock(ctx context.Context) (holdfast.Grant, error) { return asGrant(l.rw.RLock(ctx)) }
-func (l rwLocker) TryRLock(ctx context.Context) (holdfast.Grant, error) {
-	return asGrant(l.rw.TryRLock(ctx))
-}
-
-// asGrant keeps a nil *etcd.Grant from becoming a non-nil holdfast.Grant.
-func asGrant(g *etcd.Grant, err error) (holdfast.Grant, error) {
-	if err != nil {
-		return nil, err
-	}
-	return g, nil
-}
-
 func backend(c *embedtest.Cluster) conformance.Backend {
 	return conformance.Backend{
 		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
-			s, faults := conformanceSession(t, c)
-			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), faults
+			s, f := conformanceSession(t, c)
+			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), f
 		},
 		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
-			s, faults := conformanceSession(t, c)
-			return holdfast.AsLocker[*etcd.Grant](newSemaphore(t, s, name, limit)), faults
+			s, f := conformanceSession(t, c)
+			sem, err := etcd.NewSemaphore(s, name, limit)
+			if err != nil {
+				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
+			}
+			return holdfast.AsLocker[*etcd.Grant](sem), f
 		},
 		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
-			s, faults := conformanceSession(t, c)
-			return rwLocker{newRWMutex(t, s, name)}, faults
+			s, f := conformanceSession(t, c)
+			rw, err := etcd.NewRWMutex(s, name)
+			if err != nil {
+				t.Fatalf("NewRWMutex(%q): %v", name, err)
+			}
+			return conformance.AsRWLocker[*etcd.Grant](rw), f
 		},
+		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			e, err := etcd.NewElection(s, name)
+			if err != nil {
+				t.Fatalf("NewElection(%q): %v", name, err)
+			}
+			return conformance.AsCandidate[*etcd.Grant](e), f
+		},
+		// Observe delivers every leader, in order, however slow the reader.
+		ObserveAll: true,
 		Keys: func(t *testing.T, name string) []string {
 			cli := c.Client(t)
 			resp, err := cli.Get(context.Background(), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())

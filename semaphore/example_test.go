@@ -14,7 +14,8 @@ import (
 )
 
 // Run 20 jobs, at most 2 at once in this process (2 lockers, each on a
-// session of its own) and at most the store's limit across the fleet.
+// session of its own) and at most 4, the semaphore's limit, across the
+// fleet.
 func ExampleGroup() {
 	// A throwaway etcd; in real code, dial your cluster.
 	dir, err := os.MkdirTemp("", "holdfast-example")
@@ -37,11 +38,12 @@ func ExampleGroup() {
 			log.Fatal(err)
 		}
 		defer s.Close()
-		m, err := etcd.NewMutex(s, "jobs/encode") // etcd.NewSemaphore(s, "jobs/encode", 4) for a limit of 4
+		// At most 4 encoders across every process, whatever their slots.
+		sem, err := etcd.NewSemaphore(s, "jobs/encode", 4)
 		if err != nil {
 			log.Fatal(err)
 		}
-		lockers[i] = holdfast.AsLocker[*etcd.Grant](m)
+		lockers[i] = holdfast.AsLocker[*etcd.Grant](sem)
 	}
 
 	g, err := semaphore.NewGroup(ctx, lockers...)

@@ -22,7 +22,9 @@ const unlockTimeout = 5 * time.Second
 // (or any holdfast.Locker), at most one per locker at a time.
 //
 // A Group must be made with NewGroup, and must not be copied after first
-// use. Its methods are safe for concurrent use.
+// use. Its methods are safe for concurrent use. It serves one batch of work:
+// once Wait has returned, its context is done, and functions passed to Go
+// after that are not called (their error is the failed wait for a permit).
 type Group struct {
 	parent context.Context // the context given to NewGroup
 	ctx    context.Context // errgroup's: cancelled by the first error or Wait
@@ -133,11 +135,17 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 	if err != nil {
 		return fmt.Errorf("semaphore: wait for a permit: %w", err)
 	}
+	// Released once f has returned, after its context is cancelled.
+	defer func() {
+		uctx, ucancel := context.WithTimeout(g.parent, unlockTimeout)
+		_ = p.Unlock(uctx)
+		ucancel()
+	}()
 	ctx, cancel := context.WithCancelCause(context.WithValue(g.ctx, permitKey{}, p))
+	defer cancel(context.Canceled)
 	stop := context.AfterFunc(p.Context(), func() { cancel(context.Cause(p.Context())) })
+	defer stop()
 	err = f(ctx)
-	stop()
-	cancel(context.Canceled)
 	// The permit cannot have been released yet: a cause now is a loss.
 	if lost := context.Cause(p.Context()); lost != nil {
 		switch {
@@ -148,9 +156,6 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 			err = fmt.Errorf("%w: permit lost: %w", err, lost)
 		}
 	}
-	uctx, ucancel := context.WithTimeout(g.parent, unlockTimeout)
-	_ = p.Unlock(uctx)
-	ucancel()
 	return err
 }
 

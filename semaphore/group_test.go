@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/internal/leakcheck"
@@ -82,6 +84,57 @@ func etcdMutexes(t *testing.T) store {
 	})
 }
 
+// etcdSemaphores is a store whose lockers are etcd Semaphores with limit.
+func etcdSemaphores(limit int) func(t *testing.T) store {
+	return func(t *testing.T) store {
+		return etcdStore(t, limit, func(s *etcd.Session, name string) (holdfast.Locker, error) {
+			sem, err := etcd.NewSemaphore(s, name, limit)
+			if err != nil {
+				return nil, err
+			}
+			return holdfast.AsLocker[*etcd.Grant](sem), nil
+		})
+	}
+}
+
+// consulSemaphores is a Consul agent whose lockers are Consul Semaphores
+// with limit, each on a session of its own (TTL 10 s, lock-delay 0).
+func consulSemaphores(limit int) func(t *testing.T) store {
+	return func(t *testing.T) store {
+		a := embedtest.Consul(t)
+		admin := a.Client(t)
+		return store{
+			limit: limit,
+			newLocker: func(t *testing.T, name string) (holdfast.Locker, func()) {
+				t.Helper()
+				s, err := consul.NewSession(context.Background(), a.Client(t), consul.WithTTL(10*time.Second), consul.WithLockDelay(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				sem, err := consul.NewSemaphore(s, name, limit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return holdfast.AsLocker[*consul.Grant](sem), func() {
+					if _, err := admin.Session().Destroy(s.ID(), nil); err != nil {
+						t.Errorf("destroy session: %v", err)
+					}
+				}
+			},
+			keys: func(t *testing.T, name string) []string {
+				ks, _, err := admin.KV().Keys(name+"/", "", nil)
+				if err != nil {
+					t.Errorf("list keys: %v", err)
+					return nil
+				}
+				sort.Strings(ks)
+				return ks
+			},
+		}
+	}
+}
+
 // stores are the stores every Group test runs on.
 func stores() []struct {
 	name string
@@ -92,6 +145,8 @@ func stores() []struct {
 		mk   func(t *testing.T) store
 	}{
 		{"etcd-mutex", etcdMutexes},
+		{"etcd-semaphore-4", etcdSemaphores(4)},
+		{"consul-semaphore-4", consulSemaphores(4)},
 	}
 }
 
@@ -153,7 +208,8 @@ func uniqueName(t *testing.T) string {
 // TestGroupBound: 200 tasks from 3 groups (3 processes' worth of clients,
 // 3 lockers each) never run more than the store's limit at once, all
 // complete, every function runs under a live permit of the name, and the
-// store never holds more contender keys than the 9 lockers.
+// store never holds more contender keys than the 10 lockers (and a
+// bookkeeping key); the limit is reached.
 func TestGroupBound(t *testing.T) {
 	for _, sc := range stores() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -201,7 +257,7 @@ func TestGroupBound(t *testing.T) {
 							}
 							h.enter(p)
 							defer h.leave(p)
-							time.Sleep(time.Millisecond)
+							time.Sleep(10 * time.Millisecond)
 							ran.Add(1)
 							return ctx.Err()
 						})
@@ -241,13 +297,16 @@ func TestGroupBound(t *testing.T) {
 			for _, v := range h.violations {
 				t.Error(v)
 			}
-			if maxKeys > groups*perGroup+1 {
-				t.Errorf("up to %d keys under the name, want at most %d (one per locker)", maxKeys, groups*perGroup+1)
+			// One key per locker (10), and one bookkeeping key on Consul
+			// ("<name>/.lock").
+			if lockers := groups*perGroup + 1; maxKeys > lockers+1 {
+				t.Errorf("up to %d keys under the name, want at most %d (one per locker, and a bookkeeping key)", maxKeys, lockers+1)
 			}
 			t.Logf("limit %d: up to %d functions at once, up to %d keys", st.limit, h.max, maxKeys)
-			if ks := st.keys(t, name); len(ks) != 0 {
-				t.Errorf("keys left after Wait: %q", ks)
+			if h.max < st.limit {
+				t.Errorf("at most %d functions ran at once, want the store's limit, %d, to be reached", h.max, st.limit)
 			}
+			waitKeys(t, st, name, 0)
 		})
 	}
 }
@@ -322,11 +381,13 @@ func TestGroupFanIn(t *testing.T) {
 	waitKeys(t, st, name, 0)
 }
 
+// waitKeys waits for n keys under name, bookkeeping keys (Consul's
+// "<name>/.lock") left out.
 func waitKeys(t *testing.T, st store, name string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		ks := st.keys(t, name)
+		ks := slices.DeleteFunc(st.keys(t, name), func(k string) bool { return strings.HasSuffix(k, "/.lock") })
 		if len(ks) == n {
 			return
 		}
@@ -377,8 +438,15 @@ func TestGroupFirstError(t *testing.T) {
 // function's context with a cause wrapping holdfast.ErrLost; the function's
 // ctx error, or its nil, is reported as an error wrapping the loss.
 func TestGroupLoss(t *testing.T) {
-	leakcheck.Check(t)
-	st := etcdMutexes(t)
+	for _, sc := range stores() {
+		t.Run(sc.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			testGroupLoss(t, sc.mk(t))
+		})
+	}
+}
+
+func testGroupLoss(t *testing.T, st store) {
 	for _, tc := range []struct {
 		name    string
 		returns func(ctx context.Context) error
@@ -507,3 +575,29 @@ type fakeLocker struct{}
 
 func (fakeLocker) Lock(context.Context) (holdfast.Grant, error)    { return nil, holdfast.ErrLocked }
 func (fakeLocker) TryLock(context.Context) (holdfast.Grant, error) { return nil, holdfast.ErrLocked }
+
+// TestGroupAfterWait: a Group serves one batch: after Wait, a function
+// passed to Go is not called, and the next Wait says why.
+func TestGroupAfterWait(t *testing.T) {
+	leakcheck.Check(t)
+	st := etcdMutexes(t)
+	name := uniqueName(t)
+	ls, _ := st.lockers(t, name, 1)
+	g, err := semaphore.NewGroup(t.Context(), ls...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	g.Go(func(context.Context) error { ran.Add(1); return nil })
+	if err := g.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	g.Go(func(context.Context) error { ran.Add(1); return nil })
+	if err := g.Wait(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait after a function passed to Go after Wait: %v, want context.Canceled", err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("%d functions ran, want 1", n)
+	}
+	waitKeys(t, st, name, 0)
+}

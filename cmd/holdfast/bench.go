@@ -32,6 +32,10 @@ Scenarios:
   election  a leader's session is revoked/destroyed while a candidate waits and an
             observer watches (failover_ms, observe_ms; etcd: concurrency.Election,
             Consul: api.Lock with the proposal as value)
+  semaphore a counting semaphore (--limit, default 4), 8 and 32 contenders,
+            hold 0 and 1 ms (Consul: api.Semaphore side by side; etcd:
+            holdfast alone, no native recipe); violations count moments
+            with more than limit holders
   all       all three (about 3 minutes on Consul, 1 minute on etcd)
 
 Output: an aligned table and one ratio line (holdfast/native) per setting, or
@@ -42,7 +46,8 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore or all")
+	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "warm-up before each contended row's window")
@@ -63,6 +68,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			Warmup:   *warmup,
 			TTL:      *ttl,
 			Repeats:  *repeats,
+			Limit:    *limit,
 			Log:      e.stderr,
 		}
 		if *duration <= 0 {
@@ -70,6 +76,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		if *warmup < 0 {
 			return usagef("--warmup must not be negative")
+		}
+		if *limit < 1 || *limit > 1024 {
+			return usagef("--limit must be between 1 and 1024")
 		}
 		if *repeats < 0 {
 			return usagef("--repeats must not be negative")
@@ -91,9 +100,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--lock-delays: %v", err)
 		}
 		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioAll:
+		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
 		default:
-			return usagef("--scenario must be lock, handoff, takeover, election or all, not %q", *scenario)
+			return usagef("--scenario must be lock, handoff, takeover, election, semaphore or all, not %q", *scenario)
 		}
 		switch *backend {
 		case "etcd":

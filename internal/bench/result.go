@@ -9,11 +9,13 @@ import (
 // Result is one row: one implementation, one setting. It is printed as one
 // JSON object per line. Fields that do not apply to a row are null.
 type Result struct {
-	Scenario   string  `json:"scenario"`
-	Backend    string  `json:"backend"`
-	Impl       string  `json:"impl"`
-	Contenders int     `json:"contenders"`
-	HoldMS     float64 `json:"hold_ms"`
+	Scenario   string `json:"scenario"`
+	Backend    string `json:"backend"`
+	Impl       string `json:"impl"`
+	Contenders int    `json:"contenders"`
+	// Limit is the semaphore scenario's limit (how many may hold at once).
+	Limit  *int    `json:"limit,omitempty"`
+	HoldMS float64 `json:"hold_ms"`
 	// DurationS is the measured window (contended rows) or the wall time of
 	// all repeats (takeover rows), in seconds.
 	DurationS    float64 `json:"duration_s"`

@@ -257,7 +257,9 @@ func TestGroupBound(t *testing.T) {
 							}
 							h.enter(p)
 							defer h.leave(p)
-							time.Sleep(10 * time.Millisecond)
+							// Long enough that the limit is reached even
+							// with slow handoffs on a loaded machine.
+							time.Sleep(50 * time.Millisecond)
 							ran.Add(1)
 							return ctx.Err()
 						})

@@ -3,6 +3,8 @@ package embedtest
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,6 +132,7 @@ type ConsulOption func(*consulOptions)
 
 type consulOptions struct {
 	acl bool
+	pki *PKI
 }
 
 // WithACL starts the agent with ACLs enabled, default policy "deny", and a
@@ -139,12 +142,25 @@ func WithACL() ConsulOption {
 	return func(o *consulOptions) { o.acl = true }
 }
 
+// WithHTTPS serves the HTTP API over HTTPS only, with p's server
+// certificate (for 127.0.0.1); the plain HTTP port is closed. HTTPAddr is
+// then the HTTPS address, Scheme "https", and the clients made by NewClient
+// and Client trust p's CA.
+func WithHTTPS(p *PKI) ConsulOption {
+	return func(o *consulOptions) { o.pki = p }
+}
+
 // ConsulAgent is a running `consul agent -dev` process: a single server
 // that is its own leader, listening on loopback ports only. Its methods are
 // safe for concurrent use.
 type ConsulAgent struct {
 	// HTTPAddr is the address of the HTTP API, "127.0.0.1:port".
 	HTTPAddr string
+	// Scheme is the HTTP API's: "http", or "https" WithHTTPS.
+	Scheme string
+	// CAFile is the CA certificate that vouches for the agent's
+	// certificate WithHTTPS, else "".
+	CAFile string
 	// MgmtToken is the management token when the agent runs WithACL, else "".
 	MgmtToken string
 	// NodeName is the agent's (unique) node name.
@@ -156,6 +172,8 @@ type ConsulAgent struct {
 	out    *tailBuffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // the process's exit error, set before exited is closed
+
+	pool *x509.CertPool // trusts the agent's certificate, WithHTTPS
 
 	mu         sync.Mutex
 	transports []*http.Transport
@@ -196,6 +214,7 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 	}
 	a := &ConsulAgent{
 		HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		Scheme:   "http",
 		NodeName: "holdfast-" + randomHex(6),
 		dir:      dir,
 		ports:    ports,
@@ -221,6 +240,20 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 		// 127.0.0.1; Consul's default of 200 connections per client IP
 		// answers 429 to a 32-contender benchmark.
 		"limits": map[string]any{"http_max_conns_per_client": 4096},
+	}
+	if p := o.pki; p != nil {
+		a.Scheme, a.CAFile, a.pool = "https", p.CAFile, p.CAPool()
+		pts := cfg["ports"].(map[string]int)
+		pts["http"], pts["https"] = -1, ports[0]
+		cfg["tls"] = map[string]any{
+			"defaults": map[string]any{
+				"ca_file":         p.CAFile,
+				"cert_file":       p.CertFile,
+				"key_file":        p.KeyFile,
+				"verify_incoming": false,
+				"verify_outgoing": false,
+			},
+		}
 	}
 	if o.acl {
 		cfg["acl"] = map[string]any{
@@ -268,6 +301,9 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 // write.
 func (a *ConsulAgent) waitReady() error {
 	tr := cleanhttp.DefaultTransport()
+	if a.pool != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: a.pool, MinVersion: tls.VersionTLS12}
+	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	deadline := time.Now().Add(consulReadyTimeout)
@@ -320,7 +356,7 @@ func (a *ConsulAgent) probe(hc *http.Client) error {
 // request does one HTTP API call with the management token (if any) and
 // decodes a 200 response's JSON body into out (if not nil).
 func (a *ConsulAgent) request(hc *http.Client, method, path string, body io.Reader, out any) error {
-	req, err := http.NewRequest(method, "http://"+a.HTTPAddr+path, body)
+	req, err := http.NewRequest(method, a.Scheme+"://"+a.HTTPAddr+path, body)
 	if err != nil {
 		return err
 	}
@@ -358,8 +394,9 @@ func Consul(t testing.TB, opts ...ConsulOption) *ConsulAgent {
 }
 
 // NewClient returns an API client of the agent: api.Config{Address:
-// a.HTTPAddr, Scheme: "http"} with a.MgmtToken as Token (when the agent runs
-// WithACL) and its own connection pool; mod may change the config. With an
+// a.HTTPAddr, Scheme: a.Scheme} with a.MgmtToken as Token (when the agent
+// runs WithACL), a.CAFile as TLSConfig.CAFile (WithHTTPS) and its own
+// connection pool; mod may change the config. With an
 // empty Token api.NewClient uses $CONSUL_HTTP_TOKEN. The pool's idle
 // connections are closed by Close.
 func (a *ConsulAgent) NewClient(mod ...func(*api.Config)) (*api.Client, error) {
@@ -371,9 +408,10 @@ func (a *ConsulAgent) newClient(mod ...func(*api.Config)) (*api.Client, *http.Tr
 	tr := cleanhttp.DefaultPooledTransport()
 	cfg := &api.Config{
 		Address:   a.HTTPAddr,
-		Scheme:    "http",
+		Scheme:    a.Scheme,
 		Token:     a.MgmtToken,
 		Transport: tr,
+		TLSConfig: api.TLSConfig{CAFile: a.CAFile},
 	}
 	for _, m := range mod {
 		if m != nil {

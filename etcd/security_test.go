@@ -108,7 +108,7 @@ func TestTLS(t *testing.T) {
 		{"no client certificate", []etcd.SessionOption{etcd.WithTLSFiles(pki.CAFile, "", "")}, []string{"certificate required", "bad certificate"}},
 		{"client certificate of another CA", []etcd.SessionOption{etcd.WithTLSFiles(pki.CAFile, other.ClientCertFile, other.ClientKeyFile)}, []string{"certificate required", "unknown certificate authority", "bad certificate"}},
 		{"no TLS options, https:// endpoint", nil, []string{"unknown authority"}},
-		{"no TLS options, host:port", []etcd.SessionOption{}, []string{"serves TLS"}},
+		{"no TLS options, host:port", []etcd.SessionOption{}, []string{"speaks TLS"}},
 	} {
 		start := time.Now()
 		ep := eps

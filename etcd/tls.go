@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -220,46 +219,12 @@ func (d *dialConfig) diagnose(endpoints []string) string {
 }
 
 func (d *dialConfig) probe(host string, tlsCfg *tls.Config) error {
-	c, err := net.DialTimeout("tcp", host, diagnoseTimeout)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	if tlsCfg == nil {
-		if d.dialed && speaksTLS(c) {
-			return fmt.Errorf("%s serves TLS: configure it (WithTLS, WithTLSFiles)", host)
+	err := tlsfiles.Probe(host, tlsCfg, diagnoseTimeout)
+	if errors.Is(err, tlsfiles.ErrServesTLS) {
+		if !d.dialed {
+			return nil // a caller's client, whose TLS settings are unknown here
 		}
-		return nil
+		return fmt.Errorf("%w (WithTLS, WithTLSFiles)", err)
 	}
-	cfg := tlsCfg.Clone()
-	if cfg.ServerName == "" {
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			cfg.ServerName = h
-		}
-	}
-	cfg.NextProtos = []string{"h2"}
-	tc := tls.Client(c, cfg)
-	_ = tc.SetDeadline(time.Now().Add(diagnoseTimeout))
-	if err := tc.Handshake(); err != nil {
-		return fmt.Errorf("TLS handshake with %s: %w", host, err)
-	}
-	// With TLS 1.3 the server judges our certificate after our side of
-	// the handshake is over: a refusal arrives as an alert on the first
-	// read, while an accepting gRPC server sends its HTTP/2 settings.
-	if _, err := tc.Read(make([]byte, 1)); err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil
-		}
-		return fmt.Errorf("TLS handshake with %s: %w", host, err)
-	}
-	return nil
-}
-
-// speaksTLS reports whether the server on c completes a TLS handshake (its
-// certificate unchecked: nothing is sent after it).
-func speaksTLS(c net.Conn) bool {
-	tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // a probe that sends no data
-	_ = tc.SetDeadline(time.Now().Add(diagnoseTimeout))
-	return tc.Handshake() == nil
+	return err
 }

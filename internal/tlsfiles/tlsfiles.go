@@ -8,7 +8,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"time"
 )
 
 // Load returns a client TLS configuration that trusts the CA certificates in
@@ -62,3 +64,49 @@ func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.String()))
 
 // Reveal returns the secret itself, for the client that sends it.
 func (s Secret) Reveal() string { return string(s) }
+
+// ErrServesTLS is Probe's answer when the server speaks TLS and the probe
+// was given no TLS configuration.
+var ErrServesTLS = errors.New("the server speaks TLS, but no TLS was configured")
+
+// Probe connects to host ("host:port") within timeout and, with cfg, does a
+// TLS handshake and waits (within the same timeout) for the server's verdict
+// on our certificate, which TLS 1.3 delivers after the handshake as an
+// alert; without cfg, it reports a server that speaks TLS. It returns nil
+// if the server accepts all that, else an error that says what failed (the
+// connection, or the handshake: "certificate signed by unknown authority",
+// "certificate required"...). It sends no application data.
+func Probe(host string, cfg *tls.Config, timeout time.Duration) error {
+	c, err := net.DialTimeout("tcp", host, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if cfg == nil {
+		// The server's certificate is not checked: nothing is sent after.
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a probe that sends no data
+		if tc.Handshake() == nil {
+			return fmt.Errorf("%s: %w", host, ErrServesTLS)
+		}
+		return nil
+	}
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			cfg.ServerName = h
+		}
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake with %s: %w", host, err)
+	}
+	if _, err := tc.Read(make([]byte, 1)); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil // the server waits for us: it accepted the handshake
+		}
+		return fmt.Errorf("TLS handshake with %s: %w", host, err)
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,25 @@ func TestSecuredAgent(t *testing.T) {
 	}
 	if ss, _, err := admin.Session().List(nil); err != nil || len(ss) != 0 {
 		t.Errorf("sessions left: %d (%v)", len(ss), err)
+	}
+}
+
+// TestConfigHidesToken: the configuration WithToken fills never formats the
+// token, whatever the verb.
+func TestConfigHidesToken(t *testing.T) {
+	const tok = "5ec2e7-token-for-fmt"
+	cfg, err := newSessionConfig([]SessionOption{WithToken(tok), WithTLSFiles("ca.pem", "", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.dial.token.Reveal() != tok {
+		t.Fatal("token not kept for Dial")
+	}
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%x", "%q"} {
+		for _, arg := range []any{cfg, &cfg, cfg.dial} {
+			if out := fmt.Sprintf(verb, arg); strings.Contains(out, tok) || strings.Contains(out, fmt.Sprintf("%x", tok)) {
+				t.Errorf("Sprintf(%q, %T) shows the token: %s", verb, arg, out)
+			}
+		}
 	}
 }

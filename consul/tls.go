@@ -39,7 +39,7 @@ func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 func WithToken(token string) SessionOption {
 	return func(c *sessionConfig) {
 		c.dial.add("WithToken")
-		c.dial.token, c.dial.tokenSet = tlsfiles.Secret(token), true
+		c.dial.token, c.dial.tokenSet = tlsfiles.NewSecret(token), true
 	}
 }
 
@@ -82,7 +82,7 @@ func (d *dialConfig) check() error {
 	switch {
 	case d.tls != nil && d.tlsFiles != nil:
 		return fmt.Errorf("%w: WithTLS and WithTLSFiles exclude each other", holdfast.ErrInvalidArgument)
-	case d.tokenSet && d.token == "":
+	case d.tokenSet && d.token.Empty():
 		return fmt.Errorf("%w: WithToken: empty token", holdfast.ErrInvalidArgument)
 	}
 	return nil

@@ -79,7 +79,7 @@ func WithTLSFiles(caFile, certFile, keyFile string) SessionOption {
 func WithCredentials(user, password string) SessionOption {
 	return func(c *sessionConfig) {
 		c.dial.add("WithCredentials")
-		c.dial.user, c.dial.password = user, tlsfiles.Secret(password)
+		c.dial.user, c.dial.password = user, tlsfiles.NewSecret(password)
 	}
 }
 
@@ -90,7 +90,7 @@ func (d *dialConfig) check() error {
 		return fmt.Errorf("%w: WithTLS and WithTLSFiles exclude each other", holdfast.ErrInvalidArgument)
 	case d.has("WithCredentials") && d.user == "":
 		return fmt.Errorf("%w: WithCredentials: empty user name", holdfast.ErrInvalidArgument)
-	case d.has("WithCredentials") && d.password == "":
+	case d.has("WithCredentials") && d.password.Empty():
 		return fmt.Errorf("%w: WithCredentials: empty password for user %q", holdfast.ErrInvalidArgument, d.user)
 	}
 	return nil

@@ -210,7 +210,7 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 		}
 		cfg := api.DefaultConfig()
 		cfg.Address = *f.addr
-		if sec.token != "" {
+		if !sec.token.Empty() {
 			cfg.Token, cfg.TokenFile = sec.token.Reveal(), ""
 		}
 		if sec.tls() {

@@ -115,7 +115,7 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if sec.tls() {
 			opts = append(opts, hfconsul.WithTLSFiles(sec.cacert, sec.cert, sec.key))
 		}
-		if sec.token != "" {
+		if !sec.token.Empty() {
 			opts = append(opts, hfconsul.WithToken(sec.token.Reveal()))
 		}
 		if *f.lockDelay >= 0 {
@@ -282,13 +282,13 @@ func (f *storeFlags) secure() (security, error) {
 			return s, usagef("a password (--password or $ETCDCTL_PASSWORD) needs a user: --user or $ETCDCTL_USER")
 		case user == "":
 		case password != "": // as etcdctl: the user name is taken whole
-			s.user, s.password = user, tlsfiles.Secret(password)
+			s.user, s.password = user, tlsfiles.NewSecret(password)
 		default:
 			name, pw, ok := strings.Cut(user, ":")
 			if !ok || pw == "" {
 				return s, usagef("user %q needs a password: --user USER:PASSWORD, --password or $ETCDCTL_PASSWORD", name)
 			}
-			s.user, s.password = name, tlsfiles.Secret(pw)
+			s.user, s.password = name, tlsfiles.NewSecret(pw)
 		}
 	case "consul":
 		switch {
@@ -297,7 +297,7 @@ func (f *storeFlags) secure() (security, error) {
 		case *f.password != "":
 			return s, usagef("--password applies to etcd only (Consul: --token)")
 		}
-		s.token = tlsfiles.Secret(*f.token)
+		s.token = tlsfiles.NewSecret(*f.token)
 		if *f.cacert != "" || *f.cert != "" || *f.key != "" {
 			s.fromFlags = true
 			s.cacert = flagOr(*f.cacert, "CONSUL_CACERT")

@@ -43,14 +43,27 @@ func Load(caFile, certFile, keyFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// Secret is a string that formats as "[redacted]" with every verb of the
-// fmt package, so that a password or token kept in a configuration struct
-// cannot end up in an error, a log line or a panic by accident.
-type Secret string
+// Secret holds a password or token so that it cannot end up in an error, a
+// log line or a panic by accident: it formats as "[redacted]" with every
+// verb of the fmt package, and as a bare pointer where fmt cannot call its
+// methods (an unexported field of a struct being printed). The zero Secret
+// is empty.
+type Secret struct{ p *string }
+
+// NewSecret returns a Secret holding s.
+func NewSecret(s string) Secret {
+	if s == "" {
+		return Secret{}
+	}
+	return Secret{&s}
+}
+
+// Empty reports whether the secret is "".
+func (s Secret) Empty() bool { return s.p == nil }
 
 // String returns "[redacted]" (or "" for an empty secret).
 func (s Secret) String() string {
-	if s == "" {
+	if s.Empty() {
 		return ""
 	}
 	return "[redacted]"
@@ -63,7 +76,12 @@ func (s Secret) GoString() string { return s.String() }
 func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.String())) }
 
 // Reveal returns the secret itself, for the client that sends it.
-func (s Secret) Reveal() string { return string(s) }
+func (s Secret) Reveal() string {
+	if s.p == nil {
+		return ""
+	}
+	return *s.p
+}
 
 // ErrServesTLS is Probe's answer when the server speaks TLS and the probe
 // was given no TLS configuration.

@@ -139,6 +139,23 @@ func TestTLS(t *testing.T) {
 	}
 	noLeases(t, root)
 
+	// A cancelled Dial returns at once, with or without credentials (which
+	// clientv3.New checks before it returns).
+	for name, opts := range map[string][]etcd.SessionOption{
+		"TLS":             {etcd.WithTLSFiles(pki.CAFile, "", "")},
+		"TLS+credentials": {etcd.WithTLSFiles(pki.CAFile, "", ""), etcd.WithCredentials("u", "p")},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(300*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := etcd.Dial(ctx, eps, opts...)
+		took := time.Since(start)
+		if !errors.Is(err, context.Canceled) || took > 800*time.Millisecond {
+			t.Errorf("%s: Dial cancelled after 300 ms: %v after %v, want Canceled at once", name, err, took)
+		}
+		t.Logf("%s: cancelled Dial returned after %v: %v", name, took.Round(time.Millisecond), err)
+	}
+
 	// Invalid arguments, before any request.
 	keyOnly := etcd.WithTLSFiles(pki.CAFile, "", pki.ClientKeyFile)
 	for name, opts := range map[string][]etcd.SessionOption{

@@ -200,7 +200,7 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), cfg.dial.diagnose(client.Endpoints()))
+			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), cfg.dial.diagnose(client.Endpoints(), ctx.Err()))
 		}
 		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", storeErr(err))
 	}

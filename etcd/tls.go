@@ -177,14 +177,14 @@ func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv
 				r.c.Close()
 			}
 		}()
-		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, ctx.Err(), d.diagnose(endpoints))
+		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, ctx.Err(), d.diagnose(endpoints, ctx.Err()))
 	}
 	switch {
 	case r.err == nil:
 		return r.c, nil
 	case errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled):
 		// The authentication did not get through in time: say why.
-		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, r.err, d.diagnose(endpoints))
+		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, r.err, d.diagnose(endpoints, r.err))
 	}
 	return nil, fmt.Errorf("holdfast/etcd: dial %v: %w", endpoints, storeErr(r.err))
 }
@@ -198,8 +198,12 @@ const diagnoseTimeout = 500 * time.Millisecond
 // connection, and with the TLS configuration of Dial's client a TLS
 // handshake, including the server's verdict on our certificate; without
 // TLS, for Dial's client, whether the server wants TLS. It returns "" if an
-// endpoint accepts all that.
-func (d *dialConfig) diagnose(endpoints []string) string {
+// endpoint accepts all that, or if err, the reason to diagnose, is not a
+// deadline (a cancellation needs no explanation, and is honoured at once).
+func (d *dialConfig) diagnose(endpoints []string, err error) string {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return ""
+	}
 	var errs []string
 	for _, ep := range endpoints {
 		host, tlsCfg := ep, d.resolved

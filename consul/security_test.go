@@ -41,7 +41,7 @@ func policyToken(t *testing.T, admin *api.Client, name, rules string) string {
 func TestSecuredAgent(t *testing.T) {
 	pki := embedtest.TestPKI(t)
 	other := embedtest.TestPKI(t)
-	a := embedtest.Consul(t, embedtest.WithACL(), embedtest.WithHTTPS(pki))
+	a := embedtest.Consul(t, embedtest.WithACL(), embedtest.WithHTTPS(pki, false))
 	admin := a.Client(t)
 	lockTok := policyToken(t, admin, "jobs-locks", `session_prefix "" { policy = "write" } key_prefix "jobs/" { policy = "write" }`)
 	otherTok := policyToken(t, admin, "other-locks", `session_prefix "" { policy = "write" } key_prefix "other/" { policy = "write" }`)
@@ -192,4 +192,64 @@ func TestConfigHidesToken(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestMutualTLSAgent: an agent that requires client certificates accepts
+// Dial with one (WithTLSFiles, or Consul's variables) and refuses Dial
+// without one, or with one of another CA, at once, saying "certificate
+// required" (whatever net/http made of it), writing nothing.
+func TestMutualTLSAgent(t *testing.T) {
+	pki := embedtest.TestPKI(t)
+	other := embedtest.TestPKI(t)
+	a := embedtest.Consul(t, embedtest.WithHTTPS(pki, true))
+	admin := a.Client(t)
+	for _, v := range []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_CACERT", "CONSUL_HTTP_SSL", "CONSUL_HTTP_ADDR", "CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"} {
+		t.Setenv(v, "")
+	}
+	for name, opts := range map[string][]SessionOption{
+		"no client certificate":            {WithTLSFiles(pki.CAFile, "", "")},
+		"client certificate of another CA": {WithTLSFiles(pki.CAFile, other.ClientCertFile, other.ClientKeyFile)},
+	} {
+		start := time.Now()
+		s, err := Dial(timeout(t, 10*time.Second), a.HTTPAddr, opts...)
+		took := time.Since(start)
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: Dial succeeded", name)
+			continue
+		}
+		if !strings.Contains(err.Error(), "certificate required") && !strings.Contains(err.Error(), "bad certificate") || took > 2*time.Second {
+			t.Errorf("%s: Dial: %v after %v; want a certificate error at once", name, err, took)
+		}
+		t.Logf("%s (%v): %v", name, took.Round(time.Millisecond), err)
+	}
+	if ks := keys(t, admin, "jobs"); len(ks) != 0 {
+		t.Errorf("keys written: %q", ks)
+	}
+	if ss, _, err := admin.Session().List(nil); err != nil || len(ss) != 0 {
+		t.Errorf("sessions: %d (%v)", len(ss), err)
+	}
+
+	lock := func(how string, s *Session, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: Dial: %v", how, err)
+		}
+		defer s.Close()
+		g, err := newMutex(t, s, "jobs/nightly").Lock(timeout(t, 10*time.Second))
+		if err != nil {
+			t.Fatalf("%s: Lock: %v", how, err)
+		}
+		if err := g.Unlock(timeout(t, 10*time.Second)); err != nil {
+			t.Fatalf("%s: Unlock: %v", how, err)
+		}
+	}
+	s, err := Dial(timeout(t, 10*time.Second), a.HTTPAddr, WithTLSFiles(pki.CAFile, pki.ClientCertFile, pki.ClientKeyFile), WithLockDelay(0))
+	lock("WithTLSFiles", s, err)
+	t.Setenv("CONSUL_CACERT", pki.CAFile)
+	t.Setenv("CONSUL_CLIENT_CERT", pki.ClientCertFile)
+	t.Setenv("CONSUL_CLIENT_KEY", pki.ClientKeyFile)
+	t.Setenv("CONSUL_HTTP_SSL", "true")
+	s, err = Dial(timeout(t, 10*time.Second), a.HTTPAddr, WithLockDelay(0))
+	lock("environment", s, err)
 }

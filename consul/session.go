@@ -270,7 +270,7 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 	s, err := openSession(ctx, client, tr, sc)
 	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, err
+		return nil, explainTLS(err, cfg.Scheme, cfg.Address, tr.TLSClientConfig)
 	}
 	return s, nil
 }

@@ -1,10 +1,13 @@
 package consul
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -122,4 +125,24 @@ func (d *dialConfig) apply(cfg *api.Config, tr *http.Transport) error {
 	cfg.TLSConfig = api.TLSConfig{}
 	tr.TLSClientConfig = tlsCfg
 	return nil
+}
+
+// explainTLS adds to err, the failure of Dial's first request, what one TLS
+// handshake with the agent at addr answers, when the request failed below
+// HTTP over HTTPS without saying why: depending on timing, net/http reports
+// a client certificate the agent refused as a broken pipe or a connection
+// that "could not be established", while the handshake says "certificate
+// required".
+func explainTLS(err error, scheme, addr string, cfg *tls.Config) error {
+	switch {
+	case scheme != "https", statusCode(err) != 0,
+		errors.Is(err, holdfast.ErrPermissionDenied), errors.Is(err, holdfast.ErrInvalidArgument),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		strings.Contains(err.Error(), "tls:"), strings.Contains(err.Error(), "x509:"):
+		return err
+	}
+	if perr := tlsfiles.Probe(addr, cfg, 500*time.Millisecond); perr != nil {
+		return fmt.Errorf("%w (%v)", err, perr)
+	}
+	return err
 }

@@ -3,8 +3,6 @@ package embedtest
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,8 +129,9 @@ func fileExists(path string) bool {
 type ConsulOption func(*consulOptions)
 
 type consulOptions struct {
-	acl bool
-	pki *PKI
+	acl         bool
+	pki         *PKI
+	requireCert bool
 }
 
 // WithACL starts the agent with ACLs enabled, default policy "deny", and a
@@ -143,11 +142,13 @@ func WithACL() ConsulOption {
 }
 
 // WithHTTPS serves the HTTP API over HTTPS only, with p's server
-// certificate (for 127.0.0.1); the plain HTTP port is closed. HTTPAddr is
-// then the HTTPS address, Scheme "https", and the clients made by NewClient
-// and Client trust p's CA.
-func WithHTTPS(p *PKI) ConsulOption {
-	return func(o *consulOptions) { o.pki = p }
+// certificate (for 127.0.0.1); the plain HTTP port is closed. With
+// requireClientCert, clients must present a certificate signed by p's CA
+// (mutual TLS). HTTPAddr is then the HTTPS address, Scheme "https", and the
+// clients made by NewClient and Client trust p's CA and present p's client
+// certificate.
+func WithHTTPS(p *PKI, requireClientCert bool) ConsulOption {
+	return func(o *consulOptions) { o.pki, o.requireCert = p, requireClientCert }
 }
 
 // ConsulAgent is a running `consul agent -dev` process: a single server
@@ -173,7 +174,7 @@ type ConsulAgent struct {
 	exited chan struct{} // closed when the process has exited
 	err    error         // the process's exit error, set before exited is closed
 
-	pool *x509.CertPool // trusts the agent's certificate, WithHTTPS
+	pki *PKI // WithHTTPS
 
 	mu         sync.Mutex
 	transports []*http.Transport
@@ -242,7 +243,7 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 		"limits": map[string]any{"http_max_conns_per_client": 4096},
 	}
 	if p := o.pki; p != nil {
-		a.Scheme, a.CAFile, a.pool = "https", p.CAFile, p.CAPool()
+		a.Scheme, a.CAFile, a.pki = "https", p.CAFile, p
 		pts := cfg["ports"].(map[string]int)
 		pts["http"], pts["https"] = -1, ports[0]
 		cfg["tls"] = map[string]any{
@@ -253,6 +254,7 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 				"verify_incoming": false,
 				"verify_outgoing": false,
 			},
+			"https": map[string]any{"verify_incoming": o.requireCert},
 		}
 	}
 	if o.acl {
@@ -301,8 +303,12 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 // write.
 func (a *ConsulAgent) waitReady() error {
 	tr := cleanhttp.DefaultTransport()
-	if a.pool != nil {
-		tr.TLSClientConfig = &tls.Config{RootCAs: a.pool, MinVersion: tls.VersionTLS12}
+	if a.pki != nil {
+		cfg, err := a.pki.ClientTLS(true)
+		if err != nil {
+			return err
+		}
+		tr.TLSClientConfig = cfg
 	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: 2 * time.Second}
@@ -395,8 +401,8 @@ func Consul(t testing.TB, opts ...ConsulOption) *ConsulAgent {
 
 // NewClient returns an API client of the agent: api.Config{Address:
 // a.HTTPAddr, Scheme: a.Scheme} with a.MgmtToken as Token (when the agent
-// runs WithACL), a.CAFile as TLSConfig.CAFile (WithHTTPS) and its own
-// connection pool; mod may change the config. With an
+// runs WithACL), the PKI's CA and client certificate as TLSConfig
+// (WithHTTPS) and its own connection pool; mod may change the config. With an
 // empty Token api.NewClient uses $CONSUL_HTTP_TOKEN. The pool's idle
 // connections are closed by Close.
 func (a *ConsulAgent) NewClient(mod ...func(*api.Config)) (*api.Client, error) {
@@ -411,7 +417,9 @@ func (a *ConsulAgent) newClient(mod ...func(*api.Config)) (*api.Client, *http.Tr
 		Scheme:    a.Scheme,
 		Token:     a.MgmtToken,
 		Transport: tr,
-		TLSConfig: api.TLSConfig{CAFile: a.CAFile},
+	}
+	if p := a.pki; p != nil {
+		cfg.TLSConfig = api.TLSConfig{CAFile: p.CAFile, CertFile: p.ClientCertFile, KeyFile: p.ClientKeyFile}
 	}
 	for _, m := range mod {
 		if m != nil {

@@ -221,7 +221,7 @@ func TestSecuredEtcd(t *testing.T) {
 func TestSecuredConsul(t *testing.T) {
 	pki := embedtest.TestPKI(t)
 	other := embedtest.TestPKI(t)
-	a := embedtest.Consul(t, embedtest.WithACL(), embedtest.WithHTTPS(pki))
+	a := embedtest.Consul(t, embedtest.WithACL(), embedtest.WithHTTPS(pki, false))
 	admin := a.Client(t)
 	token := func(name, rules string) string {
 		pol, _, err := admin.ACL().PolicyCreate(&api.ACLPolicy{Name: name, Rules: rules}, nil)

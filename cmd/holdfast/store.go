@@ -44,15 +44,15 @@ type storeFlags struct {
 // HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	return &storeFlags{
-		cacert:    fs.String("cacert", "", "CA certificate file that authenticates the store's server certificate: TLS ($ETCDCTL_CACERT; Consul: $CONSUL_CACERT)"),
-		cert:      fs.String("cert", "", "client certificate file, for mutual TLS ($ETCDCTL_CERT; Consul: $CONSUL_CLIENT_CERT)"),
-		key:       fs.String("key", "", "private key file of --cert ($ETCDCTL_KEY; Consul: $CONSUL_CLIENT_KEY)"),
+		cacert:    fs.String("cacert", "", "TLS: the CA certificate `FILE` that vouches for the store's servers ($ETCDCTL_CACERT; Consul: $CONSUL_CACERT)"),
+		cert:      fs.String("cert", "", "mutual TLS: the client certificate `FILE` ($ETCDCTL_CERT; Consul: $CONSUL_CLIENT_CERT)"),
+		key:       fs.String("key", "", "mutual TLS: the private key `FILE` of --cert ($ETCDCTL_KEY; Consul: $CONSUL_CLIENT_KEY)"),
 		user:      fs.String("user", "", "etcd only: authenticate as `USER[:PASSWORD]` ($ETCDCTL_USER); prefer $ETCDCTL_PASSWORD to a password on the command line"),
-		password:  fs.String("password", "", "etcd only: the password of --user ($ETCDCTL_PASSWORD); the user name is then taken whole"),
-		token:     fs.String("token", "", "Consul only: ACL token ($CONSUL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN_FILE); prefer the environment to the command line"),
+		password:  fs.String("password", "", "etcd only: the `PASSWORD` of --user ($ETCDCTL_PASSWORD); the user name is then taken whole"),
+		token:     fs.String("token", "", "Consul only: the ACL `TOKEN` ($CONSUL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN_FILE); prefer the environment to the command line"),
 		backend:   fs.String("backend", envOr("HOLDFAST_BACKEND", "etcd"), "store: etcd or consul ($HOLDFAST_BACKEND)"),
 		endpoints: fs.String("endpoints", envOr("HOLDFAST_ENDPOINTS", envOr("ETCDCTL_ENDPOINTS", "127.0.0.1:2379")), "etcd endpoints, comma-separated ($HOLDFAST_ENDPOINTS, else $ETCDCTL_ENDPOINTS)"),
-		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address ($CONSUL_HTTP_ADDR)"),
+		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address; https://host:port for HTTPS ($CONSUL_HTTP_ADDR, $CONSUL_HTTP_SSL)"),
 		ttl:       fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)"),
 		lockDelay: fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)"),
 	}

@@ -122,7 +122,7 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// TestSecuredEtcd: holdfast lock and status against etcd with mutual TLS
+// TestSecuredEtcd: holdfast lock, elect and status against etcd with mutual TLS
 // and authentication (a user whose role grants jobs/ only): they work with
 // the right certificates and credentials, as flags or as etcdctl's
 // variables; a wrong password, a user without the prefix, an unknown CA and
@@ -190,11 +190,15 @@ func TestSecuredEtcd(t *testing.T) {
 		t.Fatalf("lock and status with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	t.Logf("status under the lock:\n%s", stdout)
+	code, stdout, stderr = o.run(env, "elect", "--value", "me", "jobs/leader", "--", "sh", "-c", `echo "term=$HOLDFAST_TOKEN"`)
+	if code != 0 || !strings.Contains(stdout, "term=") {
+		t.Errorf("elect with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
+	}
 	code, stdout, stderr = o.run(nil, append([]string{"status", "--json"}, append(tlsFlags, "--user", "locker:"+pw, "jobs/nightly")...)...)
 	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, "holder") {
 		t.Errorf("status with flags: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
-	if ks := keysUnder(t, root, "jobs/nightly/"); len(ks) != 0 {
+	if ks := keysUnder(t, root, "jobs/"); len(ks) != 0 {
 		t.Errorf("lock keys left: %q", ks)
 	}
 	if ks := keysUnder(t, root, "other/"); len(ks) != 0 {
@@ -210,7 +214,7 @@ func TestSecuredEtcd(t *testing.T) {
 	o.noSecrets([]string{pw, strangerPW, wrongPW, rootPW}, pki.ClientKeyFile, pki.KeyFile, other.KeyFile)
 }
 
-// TestSecuredConsul: holdfast lock and status against a Consul agent with
+// TestSecuredConsul: holdfast lock, elect and status against a Consul agent with
 // ACLs (default deny) serving HTTPS only, with a token whose policy grants
 // session write and key write on jobs/: they work with the token and CA as
 // flags (--token, --cacert, https:// address) or as Consul's variables
@@ -267,11 +271,15 @@ func TestSecuredConsul(t *testing.T) {
 		t.Fatalf("lock and status with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	t.Logf("status under the lock:\n%s", stdout)
+	code, stdout, stderr = o.run(env, "elect", "--backend", "consul", "--lock-delay", "0", "--value", "me", "jobs/leader", "--", "sh", "-c", `echo "term=$HOLDFAST_TOKEN"`)
+	if code != 0 || !strings.Contains(stdout, "term=") {
+		t.Errorf("elect with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
+	}
 	code, stdout, stderr = o.run(nil, "status", "--backend", "consul", "--addr", addr, "--cacert", a.CAFile, "--token", lockTok, "--json", "jobs/nightly")
 	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, "holder") {
 		t.Errorf("status with flags: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
-	if ks, _, err := admin.KV().Keys("jobs/nightly/", "", nil); err != nil || len(ks) != 0 {
+	if ks, _, err := admin.KV().Keys("jobs/", "", nil); err != nil || len(ks) != 0 {
 		t.Errorf("keys left: %q (%v)", ks, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -50,6 +50,11 @@
 // holder at a time, the default): it uses the same key and flags. A key used
 // by `consul lock -n N` (a semaphore) is refused with holdfast.ErrConflict.
 //
+// Errors wrap the sentinels of package holdfast: ErrInvalidArgument
+// (returned before any request), ErrLocked, ErrNotHeld, ErrLost,
+// ErrSessionLost, ErrSessionClosed, ErrConflict and ErrPermissionDenied (an
+// ACL refused a request).
+//
 // # Secured agents
 //
 // [Dial] reads the token and TLS settings of the environment as Consul's
@@ -63,9 +68,4 @@
 // with errors wrapping holdfast.ErrPermissionDenied and nothing is written.
 // An agent whose certificate the CA does not vouch for makes Dial fail at
 // once with the TLS error. Tokens and key material never appear in errors.
-//
-// Errors wrap the sentinels of package holdfast: ErrInvalidArgument
-// (returned before any request), ErrLocked, ErrNotHeld, ErrLost,
-// ErrSessionLost, ErrSessionClosed, ErrConflict and ErrPermissionDenied (an
-// ACL refused a request).
 package consul

@@ -71,4 +71,18 @@
 // (returned before any request), ErrLocked, ErrNotHeld, ErrLost, ErrNoLeader,
 // ErrSessionLost, ErrSessionClosed, ErrConflict and ErrPermissionDenied (an
 // ACL refused a request).
+//
+// # Secured agents
+//
+// [Dial] reads the token and TLS settings of the environment as Consul's
+// own tools do ($CONSUL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN_FILE,
+// $CONSUL_CACERT, $CONSUL_CLIENT_CERT, $CONSUL_CLIENT_KEY, $CONSUL_HTTP_SSL,
+// an "https://" address), or takes them explicitly: [WithToken], [WithTLS]
+// or [WithTLSFiles] (Dial only; [NewSession] refuses them: configure your
+// client). With ACLs enabled, the token's policy needs session write (for
+// example session_prefix "" { policy = "write" }) and key write on the locks'
+// prefixes; without them, or with no or an unknown token, requests fail
+// with errors wrapping holdfast.ErrPermissionDenied and nothing is written.
+// An agent whose certificate the CA does not vouch for makes Dial fail at
+// once with the TLS error. Tokens and key material never appear in errors.
 package consul

@@ -74,6 +74,7 @@ type sessionConfig struct {
 	behavior   string
 	nodeChecks []string
 	name       string
+	dial       dialConfig // options for Dial's own client (see tls.go)
 }
 
 // SessionOption configures NewSession.
@@ -175,6 +176,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 			return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
 		}
 	}
+	if err := c.dial.check(); err != nil {
+		return c, err
+	}
 	var err error
 	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
 	return c, err
@@ -228,8 +232,14 @@ type Session struct {
 // a URL such as "https://host:8501"; "" means api.DefaultConfig's address:
 // $CONSUL_HTTP_ADDR, else 127.0.0.1:8500) and opens a session on it with
 // NewSession. The rest of the client's configuration (token, TLS) comes from
-// the environment as with api.DefaultConfig. The client belongs to the
-// session: Close closes its connections. Connecting and the TLS handshake
+// the environment as with api.DefaultConfig ($CONSUL_HTTP_TOKEN,
+// $CONSUL_HTTP_TOKEN_FILE, $CONSUL_HTTP_SSL, $CONSUL_CACERT,
+// $CONSUL_CLIENT_CERT, $CONSUL_CLIENT_KEY...), unless WithToken, WithTLS or
+// WithTLSFiles say otherwise. ACL refusals (no token, an unknown token, one
+// without session or key write) are errors wrapping
+// holdfast.ErrPermissionDenied; no error contains the token or key
+// material. The client belongs to the session: Close closes its
+// connections. Connecting and the TLS handshake
 // time out after 5 s; every request of the session is bounded by its own
 // context (non-blocking requests by 10 s at most), and ctx bounds the
 // creation of the session (at most 10 s as well). An unreachable agent is
@@ -246,14 +256,21 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	tr.TLSHandshakeTimeout = dialTimeout
 	cfg.Transport = tr
+	sc, err := newSessionConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := sc.dial.apply(cfg, tr); err != nil {
+		return nil, err
+	}
 	client, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: holdfast/consul: client for %q: %w", holdfast.ErrInvalidArgument, addr, err)
 	}
-	s, err := openSession(ctx, client, tr, opts)
+	s, err := openSession(ctx, client, tr, sc)
 	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, err
+		return nil, explainTLS(err, cfg.Scheme, cfg.Address, tr.TLSClientConfig)
 	}
 	return s, nil
 }
@@ -261,8 +278,9 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 // NewSession creates a Consul session through client and renews it until
 // Close, or until it is lost. ctx bounds only the creation. Options are
 // checked before any request; a nil client is an error wrapping
-// holdfast.ErrInvalidArgument, and an ACL refusal one wrapping
-// holdfast.ErrPermissionDenied. The client stays the caller's: Close does not
+// holdfast.ErrInvalidArgument, and so are the options for Dial only
+// (WithToken, WithTLS, WithTLSFiles: configure the client instead); an ACL
+// refusal is one wrapping holdfast.ErrPermissionDenied. The client stays the caller's: Close does not
 // close it.
 func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
@@ -271,14 +289,18 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	return openSession(ctx, client, nil, opts)
-}
-
-func openSession(ctx context.Context, client *api.Client, owned *http.Transport, opts []SessionOption) (*Session, error) {
 	cfg, err := newSessionConfig(opts)
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.dial.dialOnly(); err != nil {
+		return nil, err
+	}
+	return openSession(ctx, client, nil, cfg)
+}
+
+func openSession(ctx context.Context, client *api.Client, owned *http.Transport, cfg sessionConfig) (*Session, error) {
+	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	// The Go API omits a zero LockDelay (and then the server applies 15 s),
 	// so the body is written here, with every field explicit.
 	checks := cfg.nodeChecks

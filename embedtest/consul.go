@@ -129,7 +129,9 @@ func fileExists(path string) bool {
 type ConsulOption func(*consulOptions)
 
 type consulOptions struct {
-	acl bool
+	acl         bool
+	pki         *PKI
+	requireCert bool
 }
 
 // WithACL starts the agent with ACLs enabled, default policy "deny", and a
@@ -139,12 +141,27 @@ func WithACL() ConsulOption {
 	return func(o *consulOptions) { o.acl = true }
 }
 
+// WithHTTPS serves the HTTP API over HTTPS only, with p's server
+// certificate (for 127.0.0.1); the plain HTTP port is closed. With
+// requireClientCert, clients must present a certificate signed by p's CA
+// (mutual TLS). HTTPAddr is then the HTTPS address, Scheme "https", and the
+// clients made by NewClient and Client trust p's CA and present p's client
+// certificate.
+func WithHTTPS(p *PKI, requireClientCert bool) ConsulOption {
+	return func(o *consulOptions) { o.pki, o.requireCert = p, requireClientCert }
+}
+
 // ConsulAgent is a running `consul agent -dev` process: a single server
 // that is its own leader, listening on loopback ports only. Its methods are
 // safe for concurrent use.
 type ConsulAgent struct {
 	// HTTPAddr is the address of the HTTP API, "127.0.0.1:port".
 	HTTPAddr string
+	// Scheme is the HTTP API's: "http", or "https" WithHTTPS.
+	Scheme string
+	// CAFile is the CA certificate that vouches for the agent's
+	// certificate WithHTTPS, else "".
+	CAFile string
 	// MgmtToken is the management token when the agent runs WithACL, else "".
 	MgmtToken string
 	// NodeName is the agent's (unique) node name.
@@ -156,6 +173,8 @@ type ConsulAgent struct {
 	out    *tailBuffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // the process's exit error, set before exited is closed
+
+	pki *PKI // WithHTTPS
 
 	mu         sync.Mutex
 	transports []*http.Transport
@@ -196,6 +215,7 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 	}
 	a := &ConsulAgent{
 		HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		Scheme:   "http",
 		NodeName: "holdfast-" + randomHex(6),
 		dir:      dir,
 		ports:    ports,
@@ -221,6 +241,21 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 		// 127.0.0.1; Consul's default of 200 connections per client IP
 		// answers 429 to a 32-contender benchmark.
 		"limits": map[string]any{"http_max_conns_per_client": 4096},
+	}
+	if p := o.pki; p != nil {
+		a.Scheme, a.CAFile, a.pki = "https", p.CAFile, p
+		pts := cfg["ports"].(map[string]int)
+		pts["http"], pts["https"] = -1, ports[0]
+		cfg["tls"] = map[string]any{
+			"defaults": map[string]any{
+				"ca_file":         p.CAFile,
+				"cert_file":       p.CertFile,
+				"key_file":        p.KeyFile,
+				"verify_incoming": false,
+				"verify_outgoing": false,
+			},
+			"https": map[string]any{"verify_incoming": o.requireCert},
+		}
 	}
 	if o.acl {
 		cfg["acl"] = map[string]any{
@@ -268,6 +303,13 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 // write.
 func (a *ConsulAgent) waitReady() error {
 	tr := cleanhttp.DefaultTransport()
+	if a.pki != nil {
+		cfg, err := a.pki.ClientTLS(true)
+		if err != nil {
+			return err
+		}
+		tr.TLSClientConfig = cfg
+	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	deadline := time.Now().Add(consulReadyTimeout)
@@ -320,7 +362,7 @@ func (a *ConsulAgent) probe(hc *http.Client) error {
 // request does one HTTP API call with the management token (if any) and
 // decodes a 200 response's JSON body into out (if not nil).
 func (a *ConsulAgent) request(hc *http.Client, method, path string, body io.Reader, out any) error {
-	req, err := http.NewRequest(method, "http://"+a.HTTPAddr+path, body)
+	req, err := http.NewRequest(method, a.Scheme+"://"+a.HTTPAddr+path, body)
 	if err != nil {
 		return err
 	}
@@ -358,8 +400,9 @@ func Consul(t testing.TB, opts ...ConsulOption) *ConsulAgent {
 }
 
 // NewClient returns an API client of the agent: api.Config{Address:
-// a.HTTPAddr, Scheme: "http"} with a.MgmtToken as Token (when the agent runs
-// WithACL) and its own connection pool; mod may change the config. With an
+// a.HTTPAddr, Scheme: a.Scheme} with a.MgmtToken as Token (when the agent
+// runs WithACL), the PKI's CA and client certificate as TLSConfig
+// (WithHTTPS) and its own connection pool; mod may change the config. With an
 // empty Token api.NewClient uses $CONSUL_HTTP_TOKEN. The pool's idle
 // connections are closed by Close.
 func (a *ConsulAgent) NewClient(mod ...func(*api.Config)) (*api.Client, error) {
@@ -371,9 +414,12 @@ func (a *ConsulAgent) newClient(mod ...func(*api.Config)) (*api.Client, *http.Tr
 	tr := cleanhttp.DefaultPooledTransport()
 	cfg := &api.Config{
 		Address:   a.HTTPAddr,
-		Scheme:    "http",
+		Scheme:    a.Scheme,
 		Token:     a.MgmtToken,
 		Transport: tr,
+	}
+	if p := a.pki; p != nil {
+		cfg.TLSConfig = api.TLSConfig{CAFile: p.CAFile, CertFile: p.ClientCertFile, KeyFile: p.ClientKeyFile}
 	}
 	for _, m := range mod {
 		if m != nil {

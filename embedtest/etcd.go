@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -48,6 +49,8 @@ type Cluster struct {
 	tempDir bool // dir was created by StartEtcd and is removed by Close
 	token   string
 	members []*member
+	opts    etcdOptions
+	rootPW  string // the root user's password, WithEtcdAuth
 
 	mu     sync.Mutex // guards member.etcd, member.cut, closed
 	closed bool
@@ -69,17 +72,49 @@ type member struct {
 	cut  bool
 }
 
+// EtcdOption configures StartEtcd, Etcd and EtcdCluster.
+type EtcdOption func(*etcdOptions)
+
+type etcdOptions struct {
+	pki         *PKI
+	requireCert bool
+	auth        bool
+}
+
+// WithEtcdTLS serves the client URLs over TLS ("https://127.0.0.1:port")
+// with p's server certificate; with requireClientCert, clients must present
+// a certificate signed by p's CA (mutual TLS). Peer traffic stays plain.
+// The clients made by NewClient and Client trust p's CA and present p's
+// client certificate.
+func WithEtcdTLS(p *PKI, requireClientCert bool) EtcdOption {
+	return func(o *etcdOptions) { o.pki, o.requireCert = p, requireClientCert }
+}
+
+// WithEtcdAuth enables etcd's authentication once the cluster is up: a
+// user "root" with the role "root" and a random password
+// (RootCredentials). The clients made by NewClient and Client log in as
+// root; AddUser creates users confined to key prefixes.
+func WithEtcdAuth() EtcdOption { return func(o *etcdOptions) { o.auth = true } }
+
 // StartEtcd starts an etcd cluster of the given number of members (1 or 3 are
 // typical; 1 to 16 are accepted) with data under dir/member-<i>, and waits (at most
 // 30 s) until every member serves and a leader is elected. If dir is empty a
 // temporary directory is used and removed by Close; otherwise dir is created
 // if needed, must not already hold member data, and is left in place by Close.
-// The caller must call Close.
-func StartEtcd(dir string, members int) (*Cluster, error) {
+// opts may secure it (WithEtcdTLS, WithEtcdAuth). The caller must call Close.
+func StartEtcd(dir string, members int, opts ...EtcdOption) (*Cluster, error) {
 	if members < 1 || members > etcdMaxMembers {
 		return nil, fmt.Errorf("embedtest: etcd cluster needs 1 to %d members, got %d", etcdMaxMembers, members)
 	}
 	c := &Cluster{dir: dir, token: "holdfast-" + randomHex(8)}
+	for _, o := range opts {
+		if o != nil {
+			o(&c.opts)
+		}
+	}
+	if c.opts.requireCert && c.opts.pki == nil {
+		return nil, errors.New("embedtest: client certificates need WithEtcdTLS")
+	}
 	if dir == "" {
 		d, err := os.MkdirTemp("", "holdfast-etcd-")
 		if err != nil {
@@ -115,7 +150,78 @@ func StartEtcd(dir string, members int) (*Cluster, error) {
 		c.Close()
 		return nil, err
 	}
+	if c.opts.auth {
+		if err := c.enableAuth(); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// enableAuth creates the root user and enables authentication.
+func (c *Cluster) enableAuth() error {
+	cli, err := c.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), etcdReadyTimeout)
+	defer cancel()
+	c.rootPW = "root-" + randomHex(8)
+	for _, step := range []func() error{
+		func() error { _, err := cli.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := cli.UserAdd(ctx, "root", c.rootPW); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			return fmt.Errorf("embedtest: enable etcd auth: %w", err)
+		}
+	}
+	return nil
+}
+
+// RootCredentials returns the root user's name and password of a cluster
+// started WithEtcdAuth, else "", "".
+func (c *Cluster) RootCredentials() (user, password string) {
+	if c.rootPW == "" {
+		return "", ""
+	}
+	return "root", c.rootPW
+}
+
+// PKI returns the PKI of a cluster started WithEtcdTLS, else nil.
+func (c *Cluster) PKI() *PKI { return c.opts.pki }
+
+// AddUser creates user with password and a role (named after the user) that
+// grants read-write access to the keys under each of prefixes and nothing
+// else; with no prefixes the user can do nothing with keys. It needs a
+// cluster started WithEtcdAuth.
+func (c *Cluster) AddUser(user, password string, prefixes ...string) error {
+	cli, err := c.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	role := user + "-role"
+	if _, err := cli.RoleAdd(ctx, role); err != nil {
+		return fmt.Errorf("embedtest: add role %s: %w", role, err)
+	}
+	for _, p := range prefixes {
+		if _, err := cli.RoleGrantPermission(ctx, role, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+			return fmt.Errorf("embedtest: grant %s to %s: %w", p, role, err)
+		}
+	}
+	if _, err := cli.UserAdd(ctx, user, password); err != nil {
+		return fmt.Errorf("embedtest: add user %s: %w", user, err)
+	}
+	if _, err := cli.UserGrantRole(ctx, user, role); err != nil {
+		return fmt.Errorf("embedtest: grant role %s to %s: %w", role, user, err)
+	}
+	return nil
 }
 
 // start makes one attempt at choosing ports and starting every member. On
@@ -126,8 +232,12 @@ func (c *Cluster) start() error {
 		return err
 	}
 	var initial []string
+	scheme := "http"
+	if c.opts.pki != nil {
+		scheme = "https"
+	}
 	for i, m := range c.members {
-		m.clientURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])}
+		m.clientURL = url.URL{Scheme: scheme, Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])}
 		m.peerURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])}
 		initial = append(initial, m.name+"="+m.peerURL.String())
 	}
@@ -169,6 +279,13 @@ func (c *Cluster) config(m *member, initialCluster string) *embed.Config {
 	cfg.SnapshotCount = etcdSnapshotCount
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(quietLogger())
 	cfg.LogLevel = "error"
+	if p := c.opts.pki; p != nil {
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: p.CertFile, KeyFile: p.KeyFile}
+		if c.opts.requireCert {
+			cfg.ClientTLSInfo.TrustedCAFile = p.CAFile
+			cfg.ClientTLSInfo.ClientCertAuth = true
+		}
+	}
 	return cfg
 }
 
@@ -199,16 +316,16 @@ func (c *Cluster) waitReady(ms []*member, deadline time.Time) error {
 
 // Etcd starts a 1-member etcd cluster in t.TempDir() and closes it with
 // t.Cleanup. It calls t.Fatal if the cluster cannot start.
-func Etcd(t testing.TB) *Cluster {
+func Etcd(t testing.TB, opts ...EtcdOption) *Cluster {
 	t.Helper()
-	return EtcdCluster(t, 1)
+	return EtcdCluster(t, 1, opts...)
 }
 
 // EtcdCluster starts an n-member etcd cluster in t.TempDir() and closes it
 // with t.Cleanup. It calls t.Fatal if the cluster cannot start.
-func EtcdCluster(t testing.TB, n int) *Cluster {
+func EtcdCluster(t testing.TB, n int, opts ...EtcdOption) *Cluster {
 	t.Helper()
-	c, err := StartEtcd(t.TempDir(), n)
+	c, err := StartEtcd(t.TempDir(), n, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +333,8 @@ func EtcdCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-// Endpoints returns the client URLs ("http://127.0.0.1:port") of the members
+// Endpoints returns the client URLs ("http://127.0.0.1:port", https with
+// WithEtcdTLS) of the members
 // that are running now, in member order.
 func (c *Cluster) Endpoints() []string {
 	c.mu.Lock()
@@ -244,7 +362,9 @@ func (c *Cluster) Size() int { return len(c.members) }
 
 // NewClient returns a new client on the endpoints of all members (stopped
 // ones included, so the client uses them again once they are restarted),
-// with a 5 s DialTimeout and an error-level logger; opts may change the
+// with a 5 s DialTimeout and an error-level logger; on a cluster started
+// WithEtcdTLS it trusts the CA and presents the PKI's client certificate,
+// and on one started WithEtcdAuth it logs in as root. opts may change the
 // config. The caller must Close the client.
 func (c *Cluster) NewClient(opts ...func(*clientv3.Config)) (*clientv3.Client, error) {
 	c.mu.Lock()
@@ -258,6 +378,14 @@ func (c *Cluster) NewClient(opts ...func(*clientv3.Config)) (*clientv3.Client, e
 		Logger:      quietLogger(),
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(c.conns.dial)},
 	}
+	if p := c.opts.pki; p != nil {
+		tlsCfg, err := p.ClientTLS(true)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = tlsCfg
+	}
+	cfg.Username, cfg.Password = c.RootCredentials()
 	for _, m := range c.members {
 		cfg.Endpoints = append(cfg.Endpoints, m.clientURL.String())
 	}

@@ -50,4 +50,19 @@
 //   - etcd's permission errors mapped to holdfast.ErrPermissionDenied;
 //   - a handoff driven by watches that start in the future, so it does not
 //     wait for the server's 100 ms unsynced-watcher loop.
+//
+// # Secured clusters
+//
+// [Dial] connects over TLS with [WithTLS] or [WithTLSFiles] (a CA that
+// vouches for the servers, and a client certificate for mutual TLS) and
+// authenticates with [WithCredentials] (etcd's users and roles); these apply
+// to Dial only, and [NewSession] refuses them: configure your client
+// (clientv3.Config TLS, Username, Password). The user's roles need
+// read-write access to the locks' prefixes, and nothing else. A wrong
+// password or unknown user makes Dial fail with an error wrapping
+// holdfast.ErrPermissionDenied; a role without the prefix makes Lock and
+// TryLock fail so, with nothing written. etcd's client waits for a usable
+// connection, so an unknown CA or a refused client certificate makes Dial
+// fail when its context ends, with the TLS handshake's answer in the error.
+// Passwords and key material never appear in errors.
 package etcd

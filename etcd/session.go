@@ -4,13 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
-
-	"go.uber.org/zap"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +41,8 @@ const (
 type sessionConfig struct {
 	ttl       time.Duration
 	margin    time.Duration
-	marginSet bool // else margin = TTL/5
+	marginSet bool       // else margin = TTL/5
+	dial      dialConfig // options for Dial's own client (see tls.go)
 }
 
 // SessionOption configures NewSession.
@@ -87,6 +83,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	case c.ttl%time.Second != 0:
 		return c, fmt.Errorf("%w: %v is not a whole number of seconds (etcd lease TTLs are in seconds)", holdfast.ErrInvalidTTL, c.ttl)
 	}
+	if err := c.dial.check(); err != nil {
+		return c, err
+	}
 	var err error
 	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
 	return c, err
@@ -120,12 +119,22 @@ type Session struct {
 
 // Dial connects to the etcd cluster at endpoints (such as
 // "http://127.0.0.1:2379") and returns a Session on a client of its own,
-// which Close closes. ctx bounds the connection and the lease grant; without
-// a deadline, DefaultConnectTimeout applies. The client keeps its
-// connections checked with gRPC keepalives (every 10 s, 3 s timeout).
+// which Close closes. ctx bounds the connection, the authentication and the
+// lease grant; without a deadline, DefaultConnectTimeout applies. The client
+// keeps its connections checked with gRPC keepalives (every 10 s, 3 s
+// timeout).
 //
-// For TLS, authentication or other client settings, create the client with
-// clientv3.New and call NewSession.
+// For a secured cluster, WithTLS or WithTLSFiles (server authentication by
+// a CA, and mutual TLS with a client certificate) and WithCredentials (etcd
+// user and password) configure the client; they apply to Dial only. A
+// wrong password or an unknown user is an error wrapping
+// holdfast.ErrPermissionDenied. A server whose certificate the CA does not
+// vouch for, or that refuses ours, cannot be connected to: Dial then fails
+// when ctx (or DefaultConnectTimeout) ends, saying what the TLS handshake
+// answered ("certificate signed by unknown authority", "certificate
+// required"...). No error ever contains the password or key material. For
+// other client settings, create the client with clientv3.New and call
+// NewSession.
 func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Session, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -133,20 +142,20 @@ func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Sess
 	if len(endpoints) == 0 {
 		return nil, fmt.Errorf("%w: no etcd endpoints", holdfast.ErrInvalidArgument)
 	}
-	if _, err := newSessionConfig(opts); err != nil {
+	cfg, err := newSessionConfig(opts)
+	if err != nil {
 		return nil, err
 	}
-	client, err := clientv3.New(clientv3.Config{
-		Endpoints:            endpoints,
-		DialTimeout:          DefaultConnectTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 3 * time.Second,
-		Logger:               zap.NewNop(), // connection errors are returned, not logged
-	})
-	if err != nil {
-		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w", endpoints, err)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
+		defer cancel()
 	}
-	s, err := NewSession(ctx, client, opts...)
+	client, err := newClient(ctx, endpoints, &cfg.dial)
+	if err != nil {
+		return nil, err
+	}
+	s, err := start(ctx, client, cfg)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -159,7 +168,11 @@ func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Sess
 // until it is lost. ctx bounds only the lease grant; without a deadline,
 // DefaultConnectTimeout applies, and when etcd cannot be reached in time the
 // error says why (the last connection error, such as "connection refused").
-// The caller keeps ownership of client: Close does not close it.
+// The caller keeps ownership of client: Close does not close it. The options
+// that apply to Dial only (WithTLS, WithTLSFiles, WithCredentials) are
+// refused with an error wrapping holdfast.ErrInvalidArgument: configure the
+// client instead. A client whose user lacks a permission gets errors
+// wrapping holdfast.ErrPermissionDenied.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", holdfast.ErrInvalidArgument)
@@ -171,6 +184,14 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.dial.dialOnly(); err != nil {
+		return nil, err
+	}
+	return start(ctx, client, cfg)
+}
+
+// start grants the session's lease on client and starts its renewals.
+func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Session, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
@@ -180,10 +201,11 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), unreachable(client.Endpoints()))
+			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), cfg.dial.diagnose(client.Endpoints(), ctx.Err()))
 		}
 		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", storeErr(err))
 	}
+	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	s := &Session{
 		client:    client,
 		lease:     resp.ID,
@@ -197,26 +219,6 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 	rctx, s.stop = context.WithCancel(context.Background())
 	go s.renew(rctx)
 	return s, nil
-}
-
-// unreachable says why the endpoints could not be reached, from one quick
-// TCP connection attempt to each (the etcd client keeps its connection
-// errors to its log): "" if one of them accepts a connection.
-func unreachable(endpoints []string) string {
-	var errs []string
-	for _, ep := range endpoints {
-		host := ep
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			host = u.Host
-		}
-		c, err := net.DialTimeout("tcp", host, 500*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return ""
-		}
-		errs = append(errs, err.Error())
-	}
-	return "; last connection error: " + strings.Join(errs, "; ")
 }
 
 // grantedTTL is the TTL the server counts down: what it answered, but never

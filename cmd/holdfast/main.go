@@ -19,6 +19,13 @@
 //	completion generate a shell completion script (bash, zsh, fish, powershell)
 //	help       show help for a command
 //
+// Secured clusters: lock, elect and status take --cacert, --cert and --key
+// (TLS, mutual TLS), --user and --password (etcd auth) and --token (Consul
+// ACLs), defaulting to the native tools' variables (ETCDCTL_CACERT,
+// ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD; CONSUL_CACERT,
+// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_HTTP_TOKEN, CONSUL_HTTP_SSL,
+// https:// addresses). No output ever shows a password, token or key.
+//
 // Run "holdfast help <command>" for a command's flags. Exit status: 0 on
 // success, 1 when a command fails (including a benchmark that saw a
 // violation or an error), 2 on bad usage; lock and elect document their own

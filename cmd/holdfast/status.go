@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	hfconsul "github.com/holdfast/holdfast/consul"
+	"github.com/holdfast/holdfast/internal/tlsfiles"
 )
 
 var statusCommand = &command{
@@ -164,7 +167,8 @@ type reader interface {
 	close()
 }
 
-// reader opens a read-only client on the store the flags name.
+// reader opens a read-only client on the store the flags name, with the
+// same TLS and authentication settings as the commands' sessions.
 func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 	switch *f.backend {
 	case "etcd":
@@ -172,22 +176,53 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 		if err != nil {
 			return nil, err
 		}
-		c, err := clientv3.New(clientv3.Config{
+		sec, err := f.secure()
+		if err != nil {
+			return nil, err
+		}
+		cfg := clientv3.Config{
 			Endpoints:   eps,
 			DialTimeout: 5 * time.Second,
 			Logger:      zap.NewNop(),
 			Context:     ctx,
-		})
-		if err != nil {
-			return nil, exitError{exitFailed, fmt.Errorf("etcd at %s: %w", *f.endpoints, err)}
+			Username:    sec.user,
+			Password:    sec.password.Reveal(),
 		}
-		return etcdReader{c}, nil
+		if sec.tls() {
+			if cfg.TLS, err = tlsfiles.Load(sec.cacert, sec.cert, sec.key); err != nil {
+				return nil, exitError{exitFailed, err}
+			}
+			for _, ep := range eps {
+				if strings.HasPrefix(strings.ToLower(ep), "http://") {
+					return nil, exitError{exitFailed, fmt.Errorf("endpoint %s is plain http, but TLS is configured: use https:// or host:port", ep)}
+				}
+			}
+		}
+		c, err := clientv3.New(cfg)
+		if err != nil {
+			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err))}
+		}
+		return etcdReader{c: c, tls: cfg.TLS}, nil
 	case "consul":
+		sec, err := f.secure()
+		if err != nil {
+			return nil, err
+		}
 		cfg := api.DefaultConfig()
 		cfg.Address = *f.addr
+		if !sec.token.Empty() {
+			cfg.Token, cfg.TokenFile = sec.token.Reveal(), ""
+		}
+		if sec.tls() {
+			if strings.HasPrefix(strings.ToLower(cfg.Address), "http://") {
+				return nil, exitError{exitFailed, fmt.Errorf("address %s is plain http, but TLS is configured: use https:// or host:port", redact(cfg.Address))}
+			}
+			cfg.Scheme = "https"
+			cfg.TLSConfig = api.TLSConfig{CAFile: sec.cacert, CertFile: sec.cert, KeyFile: sec.key}
+		}
 		c, err := api.NewClient(cfg)
 		if err != nil {
-			return nil, exitError{exitFailed, fmt.Errorf("consul at %s: %w", *f.addr, err)}
+			return nil, exitError{exitFailed, fmt.Errorf("%s: %w", f.describe(), err)}
 		}
 		return consulReader{c}, nil
 	default:
@@ -202,7 +237,10 @@ const requestTimeout = 10 * time.Second
 // limit follows.
 const etcdSemaphoreValue = "holdfast semaphore limit="
 
-type etcdReader struct{ c *clientv3.Client }
+type etcdReader struct {
+	c   *clientv3.Client
+	tls *tls.Config // for a diagnosis
+}
 
 func (r etcdReader) close() { r.c.Close() }
 
@@ -212,7 +250,7 @@ func (r etcdReader) read(ctx context.Context, name string) (*state, error) {
 	pfx := name + "/"
 	resp, err := r.c.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
-		return nil, fmt.Errorf("etcd: read %s: %w", pfx, err)
+		return nil, fmt.Errorf("etcd: read %s: %w%s", pfx, err, diagnose(r.c.Endpoints(), r.tls, err))
 	}
 	st := &state{Backend: "etcd", Name: name, Index: uint64(resp.Header.Revision)}
 	for _, kv := range resp.Kvs {
@@ -237,6 +275,31 @@ func (r etcdReader) read(ctx context.Context, name string) (*state, error) {
 		st.Entries = append(st.Entries, e)
 	}
 	return st, nil
+}
+
+// diagnose says why etcd could not be reached in time (its client waits
+// for a connection until the deadline), from one TLS or TCP probe of each
+// endpoint: "" if the error is another, or if an endpoint looks fine.
+func diagnose(endpoints []string, tlsCfg *tls.Config, err error) string {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return ""
+	}
+	var errs []string
+	for _, ep := range endpoints {
+		host, cfg := ep, tlsCfg
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			host = u.Host
+			if cfg == nil && u.Scheme == "https" {
+				cfg = &tls.Config{} // the system's roots
+			}
+		}
+		err := tlsfiles.Probe(host, cfg, 500*time.Millisecond)
+		if err == nil {
+			return ""
+		}
+		errs = append(errs, err.Error())
+	}
+	return "; " + strings.Join(errs, "; ")
 }
 
 func (r etcdReader) wait(ctx context.Context, name string, index uint64) error {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/holdfast/holdfast"
 	hfconsul "github.com/holdfast/holdfast/consul"
 	hfetcd "github.com/holdfast/holdfast/etcd"
+	"github.com/holdfast/holdfast/internal/tlsfiles"
 	"github.com/holdfast/holdfast/leader"
 )
 
@@ -21,17 +24,35 @@ type storeFlags struct {
 	addr      *string
 	ttl       *time.Duration
 	lockDelay *time.Duration
+
+	// TLS and authentication; see secure. Defaults come from the
+	// environment when the flags are used, never as flag defaults: a secret
+	// would show in --help.
+	cacert   *string
+	cert     *string
+	key      *string
+	user     *string
+	password *string
+	token    *string
 }
 
 // addStoreFlags declares the store flags on fs. Defaults come from the
 // environment variables the native tools read (ETCDCTL_ENDPOINTS,
-// CONSUL_HTTP_ADDR; Consul's client also reads CONSUL_HTTP_TOKEN and its TLS
-// variables), HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
+// ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD;
+// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE, CONSUL_CACERT,
+// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_HTTP_SSL...),
+// HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	return &storeFlags{
+		cacert:    fs.String("cacert", "", "TLS: the CA certificate `FILE` that vouches for the store's servers ($ETCDCTL_CACERT; Consul: $CONSUL_CACERT)"),
+		cert:      fs.String("cert", "", "mutual TLS: the client certificate `FILE` ($ETCDCTL_CERT; Consul: $CONSUL_CLIENT_CERT)"),
+		key:       fs.String("key", "", "mutual TLS: the private key `FILE` of --cert ($ETCDCTL_KEY; Consul: $CONSUL_CLIENT_KEY)"),
+		user:      fs.String("user", "", "etcd only: authenticate as `USER[:PASSWORD]` ($ETCDCTL_USER); prefer $ETCDCTL_PASSWORD to a password on the command line"),
+		password:  fs.String("password", "", "etcd only: the `PASSWORD` of --user ($ETCDCTL_PASSWORD); the user name is then taken whole"),
+		token:     fs.String("token", "", "Consul only: the ACL `TOKEN` ($CONSUL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN_FILE); prefer the environment to the command line"),
 		backend:   fs.String("backend", envOr("HOLDFAST_BACKEND", "etcd"), "store: etcd or consul ($HOLDFAST_BACKEND)"),
 		endpoints: fs.String("endpoints", envOr("HOLDFAST_ENDPOINTS", envOr("ETCDCTL_ENDPOINTS", "127.0.0.1:2379")), "etcd endpoints, comma-separated ($HOLDFAST_ENDPOINTS, else $ETCDCTL_ENDPOINTS)"),
-		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address ($CONSUL_HTTP_ADDR)"),
+		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address; https://host:port for HTTPS ($CONSUL_HTTP_ADDR, $CONSUL_HTTP_SSL)"),
 		ttl:       fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)"),
 		lockDelay: fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)"),
 	}
@@ -59,9 +80,19 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if *f.lockDelay >= 0 {
 			return nil, usagef("--lock-delay applies to Consul only")
 		}
+		sec, err := f.secure()
+		if err != nil {
+			return nil, err
+		}
 		var opts []hfetcd.SessionOption
 		if *f.ttl != 0 {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
+		}
+		if sec.tls() {
+			opts = append(opts, hfetcd.WithTLSFiles(sec.cacert, sec.cert, sec.key))
+		}
+		if sec.user != "" {
+			opts = append(opts, hfetcd.WithCredentials(sec.user, sec.password.Reveal()))
 		}
 		eps, err := endpointList("--endpoints", *f.endpoints)
 		if err != nil {
@@ -73,9 +104,19 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		}
 		return &session{backend: "etcd", etcd: s}, nil
 	case "consul":
+		sec, err := f.secure()
+		if err != nil {
+			return nil, err
+		}
 		var opts []hfconsul.SessionOption
 		if *f.ttl != 0 {
 			opts = append(opts, hfconsul.WithTTL(*f.ttl))
+		}
+		if sec.tls() {
+			opts = append(opts, hfconsul.WithTLSFiles(sec.cacert, sec.cert, sec.key))
+		}
+		if !sec.token.Empty() {
+			opts = append(opts, hfconsul.WithToken(sec.token.Reveal()))
 		}
 		if *f.lockDelay >= 0 {
 			opts = append(opts, hfconsul.WithLockDelay(*f.lockDelay))
@@ -183,10 +224,97 @@ func (s *session) nativeEnv(g holdfast.Grant) []string {
 	return []string{"CONSUL_LOCK_HELD=true"}
 }
 
-// describe names the store for messages.
+// describe names the store for messages (without any password a URL may
+// carry).
 func (f *storeFlags) describe() string {
 	if *f.backend == "consul" {
-		return fmt.Sprintf("consul at %s", *f.addr)
+		return fmt.Sprintf("consul at %s", redact(*f.addr))
 	}
-	return fmt.Sprintf("etcd at %s", *f.endpoints)
+	eps := splitList(*f.endpoints)
+	for i := range eps {
+		eps[i] = redact(eps[i])
+	}
+	return fmt.Sprintf("etcd at %s", strings.Join(eps, ","))
+}
+
+// redact hides the password of a URL with user information.
+func redact(addr string) string {
+	if u, err := url.Parse(addr); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return addr
+}
+
+// security is the TLS and authentication settings of the store flags and
+// the environment.
+type security struct {
+	cacert, cert, key string          // files
+	fromFlags         bool            // a TLS flag was given (Consul: the environment applies otherwise)
+	user              string          // etcd
+	password          tlsfiles.Secret // etcd
+	token             tlsfiles.Secret // Consul: --token only (the client reads the environment itself)
+}
+
+// tls reports whether holdfast itself must configure TLS: etcd with a
+// file named; Consul with a TLS flag given (otherwise Consul's client
+// reads its variables itself).
+func (s security) tls() bool {
+	return s.fromFlags || s.cacert != "" || s.cert != "" || s.key != ""
+}
+
+// secure resolves the TLS and authentication flags for the chosen store,
+// falling back on the native tools' environment variables, and refuses the
+// flags of the other store.
+func (f *storeFlags) secure() (security, error) {
+	var s security
+	switch *f.backend {
+	case "etcd":
+		if *f.token != "" {
+			return s, usagef("--token applies to Consul only (etcd: --user, --password)")
+		}
+		s.cacert = flagOr(*f.cacert, "ETCDCTL_CACERT")
+		s.cert = flagOr(*f.cert, "ETCDCTL_CERT")
+		s.key = flagOr(*f.key, "ETCDCTL_KEY")
+		user := flagOr(*f.user, "ETCDCTL_USER")
+		password := flagOr(*f.password, "ETCDCTL_PASSWORD")
+		switch {
+		case user == "" && password != "":
+			return s, usagef("a password (--password or $ETCDCTL_PASSWORD) needs a user: --user or $ETCDCTL_USER")
+		case user == "":
+		case password != "": // as etcdctl: the user name is taken whole
+			s.user, s.password = user, tlsfiles.NewSecret(password)
+		default:
+			name, pw, ok := strings.Cut(user, ":")
+			if !ok || pw == "" {
+				return s, usagef("user %q needs a password: --user USER:PASSWORD, --password or $ETCDCTL_PASSWORD", name)
+			}
+			s.user, s.password = name, tlsfiles.NewSecret(pw)
+		}
+	case "consul":
+		switch {
+		case *f.user != "":
+			return s, usagef("--user applies to etcd only (Consul: --token)")
+		case *f.password != "":
+			return s, usagef("--password applies to etcd only (Consul: --token)")
+		}
+		s.token = tlsfiles.NewSecret(*f.token)
+		if *f.cacert != "" || *f.cert != "" || *f.key != "" {
+			s.fromFlags = true
+			s.cacert = flagOr(*f.cacert, "CONSUL_CACERT")
+			s.cert = flagOr(*f.cert, "CONSUL_CLIENT_CERT")
+			s.key = flagOr(*f.key, "CONSUL_CLIENT_KEY")
+		}
+	}
+	if (s.cert == "") != (s.key == "") {
+		return s, usagef("a client certificate needs both --cert and --key")
+	}
+	return s, nil
+}
+
+// flagOr is v, or if it is empty the environment variable env.
+func flagOr(v, env string) string {
+	if v != "" {
+		return v
+	}
+	return os.Getenv(env)
 }

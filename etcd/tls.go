@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -189,23 +190,22 @@ func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv
 	return nil, fmt.Errorf("holdfast/etcd: dial %v: %w", endpoints, storeErr(r.err))
 }
 
-// diagnoseTimeout bounds each connection attempt of diagnose.
-const diagnoseTimeout = 500 * time.Millisecond
+// diagnoseTimeout bounds diagnose: its probes of the endpoints run at once,
+// each bounded by it, so that Dial returns at most this long after its
+// context ends.
+const diagnoseTimeout = 100 * time.Millisecond
 
 // diagnose says why the endpoints could not be used, from one quick
-// connection attempt to each (the etcd client keeps its connection errors
-// to its log, and waits for a connection until the deadline): a TCP
-// connection, and with the TLS configuration of Dial's client a TLS
-// handshake, including the server's verdict on our certificate; without
-// TLS, for Dial's client, whether the server wants TLS. It returns "" if an
-// endpoint accepts all that, or if err, the reason to diagnose, is not a
-// deadline (a cancellation needs no explanation, and is honoured at once).
+// connection (and TLS handshake, if TLS is configured or the server speaks
+// it) to each endpoint, all at once. It returns "" if an endpoint accepts
+// all that, or if err, the reason to diagnose, is not a deadline.
 func (d *dialConfig) diagnose(endpoints []string, err error) string {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return ""
 	}
-	var errs []string
-	for _, ep := range endpoints {
+	errs := make([]error, len(endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range endpoints {
 		host, tlsCfg := ep, d.resolved
 		if u, err := url.Parse(ep); err == nil && u.Host != "" {
 			host = u.Host
@@ -213,13 +213,21 @@ func (d *dialConfig) diagnose(endpoints []string, err error) string {
 				tlsCfg = &tls.Config{} // etcd's client uses the system's roots
 			}
 		}
-		err := d.probe(host, tlsCfg)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = d.probe(host, tlsCfg)
+		}()
+	}
+	wg.Wait()
+	var msgs []string
+	for _, err := range errs {
 		if err == nil {
 			return ""
 		}
-		errs = append(errs, err.Error())
+		msgs = append(msgs, err.Error())
 	}
-	return "; last connection error: " + strings.Join(errs, "; ")
+	return "; last connection error: " + strings.Join(msgs, "; ")
 }
 
 func (d *dialConfig) probe(host string, tlsCfg *tls.Config) error {

@@ -133,6 +133,8 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 		return nil, err
 	}
 	defer end()
+	start := time.Now()
+	defer m.s.keeper.Waiting(m.name)()
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
 	a := &acquisition{m: m, ctx: ctx, wctx: wctx, el: el}
@@ -168,7 +170,11 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	if el != nil {
 		a.next = nil // an election's grant hands nothing over
 	}
-	return m.grant(token, a.next, free, el != nil)
+	g, err := m.grant(token, a.next, free, el != nil)
+	if err == nil {
+		g.base.Observed(m.name, start)
+	}
+	return g, err
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the

@@ -606,6 +606,8 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		return nil, err
 	}
 	defer end()
+	start := time.Now()
+	defer s.keeper.Waiting(p.name)()
 	wctx, cancel := s.bind(ctx)
 	defer cancel()
 	a := &pacq{p: p, ctx: ctx, wctx: wctx, exclusive: exclusive}
@@ -648,7 +650,11 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		}
 		return nil, a.fail(err)
 	}
-	return p.grant(token, exclusive, a.view, free)
+	g, err := p.grant(token, exclusive, a.view, free)
+	if err == nil {
+		g.base.Observed(p.name, start)
+	}
+	return g, err
 }
 
 // fail picks the error a failed acquisition returns (see acquisition.fail).

@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
@@ -134,5 +135,6 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	if g.Context().Err() != nil {
 		return nil, m.p.s.alive()
 	}
+	g.base.Observed(m.p.name, time.Now())
 	return g, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -75,6 +76,8 @@ type sessionConfig struct {
 	nodeChecks []string
 	name       string
 	dial       dialConfig // options for Dial's own client (see tls.go)
+	observers  []holdfast.Observer
+	logger     *slog.Logger
 }
 
 // SessionOption configures NewSession.
@@ -150,6 +153,26 @@ func WithNodeChecks(ids ...string) SessionOption {
 // WithSessionName sets the session's name, as shown by Consul (default
 // DefaultSessionName).
 func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
+
+// WithObserver adds an observer of the session's events (grants, their
+// ends, renewal failures, the session's end): package metrics provides one
+// for Prometheus. Observers are called synchronously and must not block.
+func WithObserver(o holdfast.Observer) SessionOption {
+	return func(c *sessionConfig) { c.observers = append(c.observers, o) }
+}
+
+// WithLogger logs the session's events to l with log/slog: grants (Info),
+// releases (Debug), losses with their cause (Warn), renewal failures
+// (Warn), and the session's end (Info when closed, Warn when lost), each
+// with the attributes store=consul and session=<session ID>. Without it,
+// holdfast logs nothing.
+func WithLogger(l *slog.Logger) SessionOption {
+	return func(c *sessionConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{
@@ -335,6 +358,10 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 		delays:    make(map[string]time.Duration),
 		abandoned: make(map[string]leftover),
 	}
+	if cfg.logger != nil {
+		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "consul", "session", out.ID))
+	}
+	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
 	bctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
@@ -391,6 +418,7 @@ func (s *Session) renew(ctx context.Context) {
 			s.keeper.End(sessionLost(s.id, "does not exist any more (renewal answered 404)"))
 			return
 		default:
+			s.keeper.RenewalFailed(fmt.Errorf("holdfast/consul: renew session %s: %w", s.id, err))
 			timer.Reset(pause)
 			pause = min(2*pause, maxPause)
 		}

@@ -83,6 +83,8 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	if g, ok := m.reentry.Enter(); ok {
 		return g, nil
 	}
+	start := time.Now()
+	defer s.keeper.Waiting(m.name)()
 	// Every wait below ends when the session does.
 	ctx, stop := bindContext(ctx, s.keeper.Context())
 	defer stop()
@@ -119,6 +121,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 		free()
 	})
 	time.AfterFunc(watchDelay, func() { s.watcher.add(g) })
+	g.base.Observed(m.name, start)
 	m.reentry.Remember(g, g.base)
 	return g, nil
 }

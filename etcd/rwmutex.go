@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -239,7 +240,9 @@ func (rw *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	dropMarker := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(rw.marker), "=", value)}, []clientv3.Op{clientv3.OpDelete(rw.marker)}, nil)
 	switch {
 	case err == nil && resp.Succeeded:
-		return newGrant(s, w.pfx, w.Key(), w.rev, w.rev, w.free, []clientv3.Op{dropMarker}), nil
+		g := newGrant(s, w.pfx, w.Key(), w.rev, w.rev, w.free, []clientv3.Op{dropMarker})
+		g.base.Observed(rw.name, time.Now())
+		return g, nil
 	case err == nil:
 		w.free()
 		return nil, fmt.Errorf("%w: %s: %w: %s no longer has create revision %d", holdfast.ErrNotHeld, w.Key(), holdfast.ErrLost, w.Key(), w.rev)

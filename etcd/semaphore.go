@@ -249,6 +249,8 @@ func (c semCounter) mismatch(kv *mvccpb.KeyValue) error {
 // an error and what is left to clean up (see acquireCounted).
 func take(ctx context.Context, q queue, name string, try bool, acquire func(context.Context) (int64, error)) (*Grant, error) {
 	s := q.s
+	start := time.Now()
+	defer s.keeper.Waiting(name)()
 	// Every wait below ends when the session does.
 	ctx, stop := bindContext(ctx, s.keeper.Context())
 	defer stop()
@@ -283,7 +285,9 @@ func take(ctx context.Context, q queue, name string, try bool, acquire func(cont
 		}
 		return nil, failed(ctx, s, name, err)
 	}
-	return newGrant(q.s, q.pfx, q.key, rev, rev, free, nil), nil
+	g := newGrant(q.s, q.pfx, q.key, rev, rev, free, nil)
+	g.base.Observed(name, start)
+	return g, nil
 }
 
 // newGrant returns the grant of key, at create revision rev, with token

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -43,6 +44,8 @@ type sessionConfig struct {
 	margin    time.Duration
 	marginSet bool       // else margin = TTL/5
 	dial      dialConfig // options for Dial's own client (see tls.go)
+	observers []holdfast.Observer
+	logger    *slog.Logger
 }
 
 // SessionOption configures NewSession.
@@ -68,6 +71,26 @@ func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { 
 // synchronized, and wall-clock jumps do not matter.
 func WithMargin(m time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = m, true }
+}
+
+// WithObserver adds an observer of the session's events (grants, their
+// ends, renewal failures, the session's end): package metrics provides one
+// for Prometheus. Observers are called synchronously and must not block.
+func WithObserver(o holdfast.Observer) SessionOption {
+	return func(c *sessionConfig) { c.observers = append(c.observers, o) }
+}
+
+// WithLogger logs the session's events to l with log/slog: grants (Info),
+// releases (Debug), losses with their cause (Warn), renewal failures
+// (Warn), and the session's end (Info when closed, Warn when lost), each
+// with the attributes store=etcd and lease=<lease ID in hex>. Without it,
+// holdfast logs nothing.
+func WithLogger(l *slog.Logger) SessionOption {
+	return func(c *sessionConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	}
 }
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
@@ -213,6 +236,10 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 		keeper:    core.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), cfg.margin),
 		renewDone: make(chan struct{}),
 	}
+	if cfg.logger != nil {
+		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "etcd", "lease", fmt.Sprintf("%x", int64(resp.ID))))
+	}
+	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
 	s.watcher = newWatcher(s)
 	var rctx context.Context
@@ -264,6 +291,7 @@ func (s *Session) renew(ctx context.Context) {
 			s.keeper.End(fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease)))
 			return
 		default:
+			s.keeper.RenewalFailed(fmt.Errorf("holdfast/etcd: keepalive of lease %x: %w", int64(s.lease), storeErr(err)))
 			next = retryPause // the keeper's deadline ends the session if this goes on
 		}
 		timer.Reset(next)

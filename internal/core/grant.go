@@ -35,6 +35,12 @@ type Grant struct {
 	ending   bool // the store release has been started
 	finished chan struct{}
 	result   error // of the store release, once finished is closed
+
+	// Observation (see Observed): the name reported, when the grant was
+	// handed out, and whether its end was reported.
+	name     string
+	granted  time.Time
+	reported bool
 }
 
 // NewGrant returns a held grant of the session that keeper and bg belong to.
@@ -133,9 +139,48 @@ func (g *Grant) reenter() bool {
 	return true
 }
 
+// Observed reports the grant to the session's observers as a grant of name
+// whose acquisition began at since; its end is reported too. A grant is
+// reported once: a reentrant acquisition that returns it again is not.
+func (g *Grant) Observed(name string, since time.Time) {
+	if len(g.keeper.observers) == 0 {
+		return
+	}
+	g.mu.Lock()
+	if g.name != "" {
+		g.mu.Unlock()
+		return
+	}
+	g.name, g.granted = name, time.Now()
+	g.mu.Unlock()
+	for _, o := range g.keeper.observers {
+		o.Acquired(name, g.token, g.granted.Sub(since))
+	}
+	if g.ctx.Context.Err() != nil { // ended before it was observed
+		g.reportEnd()
+	}
+}
+
+// reportEnd reports the grant's end to the observers, once, if it was
+// observed.
+func (g *Grant) reportEnd() {
+	g.mu.Lock()
+	name, granted, done := g.name, g.granted, g.reported
+	g.reported = name != ""
+	g.mu.Unlock()
+	if name == "" || done {
+		return
+	}
+	cause := context.Cause(g.ctx.Context)
+	for _, o := range g.keeper.observers {
+		o.Ended(name, g.token, time.Since(granted), cause)
+	}
+}
+
 // lost runs when the grant's context is cancelled. If that was a loss (not
 // Unlock), the grant ends: its leftovers are cleaned up in the background.
 func (g *Grant) lost() {
+	g.reportEnd()
 	g.mu.Lock()
 	g.count = 0
 	if g.ending { // Unlock ended it

@@ -26,6 +26,9 @@ type Keeper struct {
 	deadline time.Time
 	timer    *time.Timer
 	ended    bool // no renewal counts any more
+	reported bool // SessionEnded was sent
+
+	observers []holdfast.Observer // set before any grant (SetObservers)
 }
 
 // NewKeeper returns a Keeper whose deadline is sent+ttl-margin: pass the time
@@ -96,8 +99,49 @@ func (k *Keeper) End(cause error) {
 	k.mu.Lock()
 	k.ended = true
 	k.timer.Stop()
+	report := !k.reported
+	k.reported = true
 	k.mu.Unlock()
 	k.cancel(cause)
+	if report {
+		cause := context.Cause(k.ctx) // the first cause
+		for _, o := range k.observers {
+			o.SessionEnded(cause)
+		}
+	}
+}
+
+// SetObservers sets the session's observers. Call it once, right after
+// NewKeeper, before the session hands out anything.
+func (k *Keeper) SetObservers(obs ...holdfast.Observer) {
+	for _, o := range obs {
+		if o != nil {
+			k.observers = append(k.observers, o)
+		}
+	}
+}
+
+// RenewalFailed reports a failed renewal to the observers.
+func (k *Keeper) RenewalFailed(err error) {
+	for _, o := range k.observers {
+		o.RenewalFailed(err)
+	}
+}
+
+// Waiting reports that an acquisition of name began, and returns the
+// function that reports its end.
+func (k *Keeper) Waiting(name string) (end func()) {
+	if len(k.observers) == 0 {
+		return func() {}
+	}
+	for _, o := range k.observers {
+		o.Waiting(name, 1)
+	}
+	return func() {
+		for _, o := range k.observers {
+			o.Waiting(name, -1)
+		}
+	}
 }
 
 // Err returns nil while the session lives, and its cause after.

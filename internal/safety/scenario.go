@@ -194,7 +194,12 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	defer cancel()
 	faults := &faultLog{}
 	faultErr := make(chan error, 1)
-	go func() { faultErr <- etcdFaults(runCtx, c, proxies, w, faults, logf) }()
+	admin, err := c.NewClient()
+	if err != nil {
+		return Summary{}, err
+	}
+	defer admin.Close()
+	go func() { faultErr <- etcdFaults(runCtx, c, admin, name, proxies, w, faults, logf) }()
 	st := w.Run(runCtx)
 	err = <-faultErr
 	for _, p := range proxies {
@@ -207,9 +212,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 }
 
 // etcdFaults injects one fault at a time, each mended before the next.
-func etcdFaults(ctx context.Context, c *embedtest.Cluster, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client"}
+	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
 	for ctx.Err() == nil {
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
 		if ctx.Err() != nil {
@@ -238,6 +243,19 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, proxies []*embedtest.
 			if err := c.Restart(m); err != nil {
 				return err
 			}
+		case "delete-waiter-key":
+			// An operator deletes a waiting contender's key: that waiter
+			// must fail (it re-checks its own key), never hold beside the
+			// holder.
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := admin.Get(rctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+			if err == nil && len(resp.Kvs) > 1 {
+				kv := resp.Kvs[1+rng.IntN(len(resp.Kvs)-1)]
+				logf("%s: %s", kind, kv.Key)
+				_, _ = admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
+					Then(clientv3.OpDelete(string(kv.Key))).Commit()
+			}
+			cancel()
 		case "cut-leader-peers":
 			logf("%s: member %d", kind, leader)
 			c.CutPeer(leader)

@@ -30,18 +30,16 @@ func (t *Tracker) Granted(client int, g holdfast.Grant) {
 	t.grants++
 	limit := max(t.Limit, 1)
 	alive := 1
-	var older []string
+	var others []string
 	for c, h := range t.live {
 		if c == client || h.Context().Err() != nil || t.exempt[h.Token()] {
 			continue
 		}
 		alive++
-		if h.Token() < g.Token() {
-			older = append(older, fmt.Sprintf("client %d (token %d)", c, h.Token()))
-		}
+		others = append(others, fmt.Sprintf("client %d (token %d)", c, h.Token()))
 	}
-	if alive > limit && len(older) > 0 {
-		t.violations = append(t.violations, fmt.Sprintf("client %d granted token %d while %d grant(s) were live (limit %d), older ones: %v", client, g.Token(), alive, limit, older))
+	if alive > limit {
+		t.violations = append(t.violations, fmt.Sprintf("client %d granted token %d while %d grant(s) were live (limit %d); the others: %v", client, g.Token(), alive, limit, others))
 	}
 	t.live[client] = g
 }

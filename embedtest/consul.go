@@ -451,6 +451,31 @@ func (a *ConsulAgent) Client(t testing.TB) *api.Client {
 // Output returns the tail (up to 64 KiB) of the agent's stdout and stderr.
 func (a *ConsulAgent) Output() string { return a.out.String() }
 
+// Restart kills the agent (SIGKILL) and starts it again with the same
+// configuration and ports. A -dev agent keeps its state in memory, so the
+// new one starts empty: every session and key is gone, as after a crash of
+// a dev agent or the loss of a single-server cluster's data. It waits until
+// the new agent is ready. Do not call it concurrently with Close.
+func (a *ConsulAgent) Restart() error {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return errors.New("embedtest: consul agent not started")
+	}
+	_ = a.cmd.Process.Kill()
+	<-a.exited
+	cmd := exec.Command(a.cmd.Args[0], a.cmd.Args[1:]...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = a.cmd.Dir, a.out, a.out, procAttr()
+	exited := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("embedtest: restart consul: %w", err)
+	}
+	a.cmd, a.exited = cmd, exited
+	go func() {
+		a.err = cmd.Wait()
+		close(exited)
+	}()
+	return a.waitReady()
+}
+
 // Close stops the agent (SIGTERM, then SIGKILL after 5 s), waits for it to
 // exit, closes the idle connections of the clients made by NewClient and
 // Client, and removes its directory. Close is idempotent.

@@ -33,6 +33,9 @@ func check(t *testing.T, s Summary, err error) {
 	for _, v := range s.FenceViolations {
 		t.Errorf("fence: %s", v)
 	}
+	for _, v := range s.Witnesses {
+		t.Errorf("not linearizable: %s", v)
+	}
 	for _, v := range s.ToldFirstViolations {
 		t.Errorf("told first: %s", v)
 	}
@@ -61,4 +64,27 @@ type testLog struct{ t *testing.T }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(string(p[:len(p)-1]))
 	return len(p), nil
+}
+
+// TestEtcdSemaphoreUnderFaults and the others run the scenarios with the
+// other primitives: a semaphore of limit SemaphoreLimit (at most that many
+// live grants), and an election (one live leader).
+func TestEtcdSemaphoreUnderFaults(t *testing.T) {
+	s, err := RunEtcd(context.Background(), EtcdOptions{Duration: duration(t), Primitive: Semaphore, Log: testLog{t}})
+	check(t, s, err)
+}
+
+func TestEtcdElectionUnderFaults(t *testing.T) {
+	s, err := RunEtcd(context.Background(), EtcdOptions{Duration: duration(t), Primitive: Elect, Log: testLog{t}})
+	check(t, s, err)
+}
+
+func TestConsulSemaphoreUnderFaults(t *testing.T) {
+	s, err := RunConsul(context.Background(), ConsulOptions{Duration: 2 * duration(t), Primitive: Semaphore, Log: testLog{t}})
+	check(t, s, err)
+}
+
+func TestConsulElectionUnderFaults(t *testing.T) {
+	s, err := RunConsul(context.Background(), ConsulOptions{Duration: 2 * duration(t), Primitive: Elect, Log: testLog{t}})
+	check(t, s, err)
 }

@@ -118,3 +118,40 @@ func CheckLinearizable(ops []Op, timeout time.Duration) porcupine.CheckResult {
 	}
 	return porcupine.CheckOperationsTimeout(FencedMutex, hist, timeout)
 }
+
+// Explain lists simple witnesses of a non-linearizable history, for the
+// report: a grant that returned before another was invoked but has the
+// higher token, a token granted twice, and an accepted write whose token no
+// grant returned before the write began.
+func Explain(ops []Op) []string {
+	var out []string
+	var grants []Op
+	for _, op := range ops {
+		if op.Kind == Acquire && op.OK {
+			grants = append(grants, op)
+		}
+	}
+	seen := map[holdfast.Token]Op{}
+	for _, g := range grants {
+		if o, dup := seen[g.Token]; dup {
+			out = append(out, fmt.Sprintf("token %d granted twice: to client %d at %v and to client %d at %v", g.Token, o.Client, o.Return, g.Client, g.Return))
+		}
+		seen[g.Token] = g
+	}
+	for _, a := range grants {
+		for _, b := range grants {
+			if a.Return < b.Call && a.Token > b.Token && len(out) < 10 {
+				out = append(out, fmt.Sprintf("client %d's grant of token %d returned at %v, before client %d asked (at %v) and got the lower token %d", a.Client, a.Token, a.Return, b.Client, b.Call, b.Token))
+			}
+		}
+	}
+	for _, w := range ops {
+		if w.Kind != Put || !w.OK {
+			continue
+		}
+		if g, ok := seen[w.Token]; !ok || g.Return > w.Call {
+			out = append(out, fmt.Sprintf("client %d's write with token %d accepted at %v, but no grant of that token returned before it", w.Client, w.Token, w.Call))
+		}
+	}
+	return out
+}

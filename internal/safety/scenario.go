@@ -32,6 +32,8 @@ type Summary struct {
 	ToldFirstViolations []string
 	GrantsChecked       int
 	Linearizable        porcupine.CheckResult
+	// Witnesses explain a history that is not linearizable (see Explain).
+	Witnesses []string
 	LeftKeys            []string
 	// MaxNotice is the longest time from a fault that cut a holder off to
 	// its grant context being done; MaxTakeover the longest from such a
@@ -112,6 +114,9 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
 	ops := w.History.Ops()
 	s.Linearizable = CheckLinearizable(ops, 2*time.Minute)
+	if s.Linearizable != porcupine.Ok {
+		s.Witnesses = Explain(ops)
+	}
 	faults.mu.Lock()
 	defer faults.mu.Unlock()
 	s.Faults = faults.counts
@@ -126,11 +131,52 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	}
 }
 
+// Primitive is what a scenario's clients take.
+type Primitive string
+
+// Primitives: a lock, a semaphore of limit SemaphoreLimit, an election
+// (Campaign as Lock, Unlock as Resign).
+const (
+	Lock      Primitive = "mutex"
+	Semaphore Primitive = "semaphore"
+	Elect     Primitive = "election"
+)
+
+// SemaphoreLimit is the limit of the scenarios' semaphores.
+const SemaphoreLimit = 2
+
+// limit is how many grants of p may be live at once.
+func (p Primitive) limit() int {
+	if p == Semaphore {
+		return SemaphoreLimit
+	}
+	return 1
+}
+
+// candidate adapts an election to holdfast.Locker: Lock campaigns.
+type candidate[G holdfast.Grant] struct {
+	campaign func(context.Context, []byte) (G, error)
+	value    []byte
+}
+
+func (c candidate[G]) Lock(ctx context.Context) (holdfast.Grant, error) {
+	g, err := c.campaign(ctx, c.value)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (c candidate[G]) TryLock(context.Context) (holdfast.Grant, error) {
+	return nil, errors.New("safety: an election has no TryLock")
+}
+
 // EtcdOptions shape RunEtcd.
 type EtcdOptions struct {
-	Duration time.Duration // default 20 s
-	Clients  int           // default 4
-	Log      io.Writer     // faults as they happen; nil: none
+	Duration  time.Duration // default 20 s
+	Clients   int           // default 4
+	Primitive Primitive     // default Lock
+	Log       io.Writer     // faults as they happen; nil: none
 }
 
 // RunEtcd runs the etcd scenario: a 3-member cluster in a temporary
@@ -145,6 +191,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	if o.Clients <= 0 {
 		o.Clients = 4
+	}
+	if o.Primitive == "" {
+		o.Primitive = Lock
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -174,7 +223,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		Hold:     100 * time.Millisecond, // holds of 0.1 to 1.2 s
 		Resource: NewResource(),
 		History:  NewHistory(),
-		Tracker:  &Tracker{},
+		Tracker:  &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -182,12 +231,29 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 			if err != nil {
 				return nil, nil, err
 			}
-			m, err := etcd.NewMutex(s, name)
+			var l holdfast.Locker
+			switch o.Primitive {
+			case Semaphore:
+				var m *etcd.Semaphore
+				if m, err = etcd.NewSemaphore(s, name, SemaphoreLimit); err == nil {
+					l = holdfast.AsLocker(m)
+				}
+			case Elect:
+				var e *etcd.Election
+				if e, err = etcd.NewElection(s, name); err == nil {
+					l = candidate[*etcd.Grant]{campaign: e.Campaign, value: fmt.Appendf(nil, "client-%d", client)}
+				}
+			default:
+				var m *etcd.Mutex
+				if m, err = etcd.NewMutex(s, name); err == nil {
+					l = holdfast.AsLocker(m)
+				}
+			}
 			if err != nil {
 				s.Close()
 				return nil, nil, err
 			}
-			return holdfast.AsLocker(m), func() { s.Close() }, nil
+			return l, func() { s.Close() }, nil
 		},
 	}
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -199,20 +265,20 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		return Summary{}, err
 	}
 	defer admin.Close()
-	go func() { faultErr <- etcdFaults(runCtx, c, admin, name, proxies, w, faults, logf) }()
+	go func() { faultErr <- etcdFaults(runCtx, c, admin, name, o.Primitive.limit(), proxies, w, faults, logf) }()
 	st := w.Run(runCtx)
 	err = <-faultErr
 	for _, p := range proxies {
 		p.Mend()
 	}
-	s := Summary{Backend: "etcd (3 members)", Duration: o.Duration}
+	s := Summary{Backend: fmt.Sprintf("etcd (3 members), %s", o.Primitive), Duration: o.Duration}
 	finish(&s, w, st, faults)
 	s.LeftKeys = leftKeysEtcd(c, name)
 	return s, err
 }
 
 // etcdFaults injects one fault at a time, each mended before the next.
-func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
 	for ctx.Err() == nil {
@@ -249,8 +315,8 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			// holder.
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			resp, err := admin.Get(rctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-			if err == nil && len(resp.Kvs) > 1 {
-				kv := resp.Kvs[1+rng.IntN(len(resp.Kvs)-1)]
+			if err == nil && len(resp.Kvs) > limit {
+				kv := resp.Kvs[limit+rng.IntN(len(resp.Kvs)-limit)]
 				logf("%s: %s", kind, kv.Key)
 				_, _ = admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
 					Then(clientv3.OpDelete(string(kv.Key))).Commit()
@@ -278,6 +344,27 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 		}
 	}
 	return nil
+}
+
+// lastContender takes and releases the scenario's name once through a
+// fresh session on the leader.
+func lastContender(ctx context.Context, w *Workload, c *embedtest.ConsulCluster, o ConsulOptions) error {
+	leader, err := c.WaitLeader(30 * time.Second)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+	defer cancel()
+	l, closeFn, err := w.NewLocker(ctx, leader%o.Clients)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	g, err := l.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	return g.Unlock(ctx)
 }
 
 // leftKeysEtcd waits up to 10 s for the keys under name/ to go (the
@@ -314,9 +401,10 @@ func leftKeysEtcd(c *embedtest.Cluster, name string) []string {
 
 // ConsulOptions shape RunConsul.
 type ConsulOptions struct {
-	Duration time.Duration // default 20 s
-	Clients  int           // default 4
-	Log      io.Writer
+	Duration  time.Duration // default 20 s
+	Clients   int           // default 4
+	Primitive Primitive     // default Lock
+	Log       io.Writer
 }
 
 // RunConsul runs the Consul scenario on a real 3-server cluster: Clients
@@ -333,6 +421,9 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	if o.Clients <= 0 {
 		o.Clients = 4
+	}
+	if o.Primitive == "" {
+		o.Primitive = Lock
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -368,7 +459,7 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		Hold:     100 * time.Millisecond,
 		Resource: NewResource(),
 		History:  NewHistory(),
-		Tracker:  &Tracker{},
+		Tracker:  &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -376,7 +467,24 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 			if err != nil {
 				return nil, nil, err
 			}
-			m, err := consul.NewMutex(s, name)
+			var l holdfast.Locker
+			switch o.Primitive {
+			case Semaphore:
+				var m *consul.Semaphore
+				if m, err = consul.NewSemaphore(s, name, SemaphoreLimit); err == nil {
+					l = holdfast.AsLocker(m)
+				}
+			case Elect:
+				var e *consul.Election
+				if e, err = consul.NewElection(s, name); err == nil {
+					l = candidate[*consul.Grant]{campaign: e.Campaign, value: fmt.Appendf(nil, "client-%d", client)}
+				}
+			default:
+				var m *consul.Mutex
+				if m, err = consul.NewMutex(s, name); err == nil {
+					l = holdfast.AsLocker(m)
+				}
+			}
 			if err != nil {
 				s.Close()
 				return nil, nil, err
@@ -384,7 +492,7 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 			smu.Lock()
 			sessions[client] = s
 			smu.Unlock()
-			return holdfast.AsLocker(m), func() { s.Close() }, nil
+			return l, func() { s.Close() }, nil
 		},
 	}
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -462,11 +570,17 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	for _, p := range proxies {
 		p.Mend()
 	}
-	s := Summary{Backend: "consul (3 servers)", Duration: o.Duration}
+	s := Summary{Backend: fmt.Sprintf("consul (3 servers), %s", o.Primitive), Duration: o.Duration}
 	finish(&s, w, st, faults)
 	cli, aerr := admin()
 	if aerr != nil {
 		return s, errors.Join(err, aerr)
+	}
+	// Sessions invalidated during the run (Behavior release, as api.Lock's)
+	// leave their keys without a session; the next contender prunes them.
+	// One last acquisition by a fresh client plays that contender.
+	if serr := lastContender(ctx, w, c, o); serr != nil {
+		err = errors.Join(err, fmt.Errorf("last contender: %w", serr))
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

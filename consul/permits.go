@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -249,6 +250,7 @@ type pview struct {
 	me      *api.KVPair   // our live contender key, if any
 	dead    []*api.KVPair // contender keys without a session
 	err     error         // why we must not use the name (ErrConflict)
+	foreign bool          // a foreign contender (api.Semaphore) has a live key
 }
 
 // parse builds a view from a transaction's results that include a read of
@@ -326,7 +328,8 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 			v.conflict(fmt.Errorf("%w: %s is a foreign contender: %s is not a read-write lock", holdfast.ErrConflict, e.Key, p.name))
 			continue
 		default:
-			continue // a foreign contender (api.Semaphore): never waited for
+			v.foreign = true // a foreign contender (api.Semaphore): never waited for
+			continue
 		}
 		v.waiters = append(v.waiters, c)
 	}
@@ -419,17 +422,11 @@ func (p *permits) read(ctx context.Context) (pview, error) {
 	return p.parse(resp.Results), nil
 }
 
-// after returns v as it is after a successful write of st (at index) that
-// admitted in: not fresh any more.
-func (v pview) after(lock *api.KVPair, st permitState, in []contender) pview {
-	n := pview{lock: lock, st: st}
-	for _, w := range v.waiters {
-		if !slices.ContainsFunc(in, func(x contender) bool { return x.key == w.key }) {
-			n.waiters = append(n.waiters, w)
-		}
-	}
-	n.me = v.me
-	return n
+// backoff is the pause before attempt (from 1) of a release that lost a
+// race for the lock key: random, up to 2^attempt ms, so that holders
+// releasing at once do not collide again.
+func backoff(attempt int) time.Duration {
+	return time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 }
 
 // leaveMode says what leave does.
@@ -445,7 +442,6 @@ const (
 type permitHold struct {
 	p         *permits
 	exclusive bool
-	view      *pview      // as last known (nil: unknown); the release tries it first
 	free      func()      // frees the name in-process; moved to the read grant on Downgrade
 	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
 }
@@ -463,6 +459,9 @@ type permitHold struct {
 func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, error) {
 	downgrade := how == leaveDowngrade
 	for attempt := 0; attempt < maxLeaveAttempts; attempt++ {
+		if attempt > 0 && !sleep(ctx, backoff(attempt)) {
+			return 0, ctx.Err()
+		}
 		if v == nil || attempt > 0 {
 			r, err := p.read(ctx)
 			if err != nil {
@@ -540,8 +539,8 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 }
 
 // grant wraps an admitted contender key in a Grant.
-func (p *permits) grant(token uint64, exclusive bool, v *pview, free func()) (*Grant, error) {
-	h := &permitHold{p: p, exclusive: exclusive, view: v, free: free}
+func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
+	h := &permitHold{p: p, exclusive: exclusive, free: free}
 	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
 	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
 	p.s.hold(g)
@@ -568,9 +567,7 @@ func (g *Grant) releasePermit(ctx context.Context) error {
 	}
 	var err error
 	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		v := h.view
-		h.view = nil
-		_, err = h.p.leave(ctx, v, leaveRelease)
+		_, err = h.p.leave(ctx, nil, leaveRelease)
 		if errors.Is(err, holdfast.ErrNotHeld) {
 			g.s.checkSoon()
 		}
@@ -588,8 +585,7 @@ type pacq struct {
 	p         *permits
 	ctx, wctx context.Context // the caller's; ends with it or with the session
 	exclusive bool
-	left      bool   // something of ours may be in Consul (see Mutex's acquisition)
-	view      *pview // as last known once admitted; nil: unknown
+	left      bool // something of ours may be in Consul (see Mutex's acquisition)
 }
 
 // acquire runs Lock (try false) or TryLock through p.
@@ -648,7 +644,7 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		}
 		return nil, a.fail(err)
 	}
-	return p.grant(token, exclusive, a.view, free)
+	return p.grant(token, exclusive, free)
 }
 
 // fail picks the error a failed acquisition returns (see acquisition.fail).
@@ -684,14 +680,14 @@ func (a *pacq) try() (uint64, error) {
 	st.holders[p.s.id] = a.exclusive
 	ops := p.writeOps(v, st, nil)
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
-	return a.admitTxn(v, ops, len(ops)-1, st, nil, true)
+	return a.admitTxn(ops, len(ops)-1, true)
 }
 
 // admitTxn sends ops, which write st to the lock key (their first operation,
 // admitting in) and put our key in its held state (operation mine), and
 // returns the token. A race (the lock key or a waiter changed) is token 0
 // with no error, or ErrLocked if try.
-func (a *pacq) admitTxn(v pview, ops api.TxnOps, mine int, st permitState, in []contender, try bool) (uint64, error) {
+func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
 	p := a.p
 	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
 	defer cancel()
@@ -715,15 +711,10 @@ func (a *pacq) admitTxn(v pview, ops api.TxnOps, mine int, st permitState, in []
 	if len(resp.Results) < len(ops) {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer lacks results")
 	}
-	lock, ours := resp.Results[0].KV, resp.Results[mine].KV
-	if lock == nil || ours == nil || ours.Key != p.myKey {
+	ours := resp.Results[mine].KV
+	if ours == nil || ours.Key != p.myKey {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	}
-	n := v.after(&api.KVPair{Key: p.lockKey, Flags: p.flags, Value: p.encode(st), ModifyIndex: lock.ModifyIndex, CreateIndex: lock.CreateIndex}, st, in)
-	me := *ours
-	me.Session = p.s.id
-	n.me = &me
-	a.view = &n
 	return ours.ModifyIndex, nil
 }
 
@@ -775,7 +766,6 @@ func (a *pacq) run() (uint64, error) {
 			v.dead = nil
 		}
 		if v.admitted(p) {
-			a.view = &v
 			return v.me.ModifyIndex, nil
 		}
 		if v.me == nil || !slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey }) {
@@ -789,8 +779,18 @@ func (a *pacq) run() (uint64, error) {
 			}
 			continue
 		}
-		if ahead := v.ahead(); len(ahead) > 0 {
-			// Wait for the waiter just ahead of us to change: admitted
+		if ahead := v.ahead(); len(ahead) > 0 && !v.foreign {
+			// Holdfast waiters are ahead of us: each of them is admitted
+			// by a write to the lock key after we joined, so once we are
+			// the head, every holdfast release that frees a permit hands
+			// it to us, marking our key. Watch our own key (re-reading
+			// every blockWait, which prunes dead holders).
+			if token, got, err := a.awaitHandoff(v.me); err != nil || got {
+				return token, err
+			}
+		} else if len(ahead) > 0 {
+			// With foreign contenders about (whose releases hand nothing
+			// over), wait for the waiter just ahead of us to change: admitted
 			// (its key is marked held by the write that admitted it), gone,
 			// or dead.
 			pred := ahead[len(ahead)-1]
@@ -801,9 +801,18 @@ func (a *pacq) run() (uint64, error) {
 			if next != nil && next.Session == pred.session && next.ModifyIndex > pred.index {
 				switch string(next.Value) {
 				case valHeldNext: // admitted with us: our token is that write's
-					a.view = nil
 					return next.ModifyIndex, nil
-				case valHeld: // we are the head now: wait on the lock key
+				case valHeld:
+					// We are the head now, and the lock key was written
+					// after we joined: every holdfast release from now on
+					// reads a queue with us at its head, and hands us the
+					// permit if it frees one.
+					if !v.foreign {
+						if token, got, err := a.awaitHandoff(v.me); err != nil || got {
+							return token, err
+						}
+						break
+					}
 					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
 					if err != nil {
 						return 0, err
@@ -836,12 +845,33 @@ func (a *pacq) atHead(v pview) (uint64, bool, error) {
 		if err != nil || got || !full || v.lock == nil {
 			return token, got, err
 		}
+		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
+			return a.awaitHandoff(v.me)
+		}
 		lock, err := a.watch(a.p.lockKey, v.lock.ModifyIndex, true)
 		if err != nil || lock == nil {
 			return 0, false, err
 		}
 		v.lock, v.fresh = lock, false
 	}
+}
+
+// awaitHandoff is the wait of the head of the queue once every holdfast
+// release that frees a permit is known to hand it to us (the lock key was
+// written after we joined, and no foreign contender is about, whose release
+// would not): it watches our own key, which the handoff marks held with the
+// token as its index. It reports whether we got in; if not (no change within
+// blockWait, so that dead holders are pruned, or another change), the
+// caller reads again.
+func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
+	pair, err := a.watch(a.p.myKey, me.ModifyIndex, true)
+	if err != nil || pair == nil || pair.Session != a.p.s.id {
+		return 0, false, err
+	}
+	if v := string(pair.Value); v == valHeld || v == valHeldNext {
+		return pair.ModifyIndex, true, nil
+	}
+	return 0, false, nil
 }
 
 // tryHead admits us, at the head of the queue, if the lock key v.lock has
@@ -870,7 +900,7 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}
-	token, err = a.admitTxn(v, p.writeOps(v, st, in), 1, st, in, false)
+	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false)
 	return token, token != 0, false, err
 }
 

@@ -47,6 +47,10 @@ const (
 	valHeldNext = "holdfast held+next"
 )
 
+// Test hooks (nil outside tests): after TryLock's read, and after a
+// release's read, before the write.
+var testHookTryRead, testHookLeaveRead func(p *permits)
+
 // maxLeaveAttempts bounds the attempts of one release or cleanup before it
 // reports errStale (and core.Retry tries again after a pause).
 const maxLeaveAttempts = 8
@@ -218,7 +222,7 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 	if !p.rw() {
 		return len(st.holders) < p.limit
 	}
-	if exclusive {
+	if exclusive && !mutant.On("consul/rwmutex-writer-alone") {
 		return len(st.holders) == 0
 	}
 	for _, x := range st.holders {
@@ -300,7 +304,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		st = permitState{limit: p.limit, holders: map[string]bool{}}
 	}
 	for h := range st.holders {
-		if !live[h] && !mutant.On("consul/permit-prune-live") {
+		if !live[h] || mutant.On("consul/permit-prune-dead-only") {
 			delete(st.holders, h)
 		}
 	}
@@ -468,6 +472,9 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				return 0, err
 			}
 			v = &r
+			if testHookLeaveRead != nil {
+				testHookLeaveRead(p)
+			}
 		}
 		if v.me == nil {
 			if how == leaveCleanup {
@@ -667,6 +674,9 @@ func (a *pacq) fail(err error) error {
 func (a *pacq) try() (uint64, error) {
 	p := a.p
 	v, err := p.read(a.wctx)
+	if testHookTryRead != nil && err == nil {
+		testHookTryRead(p)
+	}
 	switch {
 	case err != nil:
 		return 0, err

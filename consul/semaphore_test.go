@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -159,5 +160,339 @@ func TestSemaphoreExclusion(t *testing.T) {
 	t.Logf("peak %d holders of %d", peak.Load(), limit)
 	if ks := keys(t, c, name); len(ks) != 0 {
 		t.Fatalf("keys left: %v", ks)
+	}
+}
+
+// TestSemaphoreLimitMismatch: a client with another limit fails with
+// ErrConflict naming both limits, and leaves nothing behind.
+func TestSemaphoreLimitMismatch(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Unlock(ctx)
+	before := keys(t, c, name)
+	other := newSemaphore(t, newSession(t, c), name, 3)
+	for _, f := range []func(context.Context) (*Grant, error){other.Lock, other.TryLock} {
+		_, err := f(ctx)
+		if !errors.Is(err, holdfast.ErrConflict) || !strings.Contains(err.Error(), "limit 2") || !strings.Contains(err.Error(), "is 3") {
+			t.Fatalf("limit 3 against a stored limit 2: %v, want ErrConflict naming both", err)
+		}
+		t.Log(err)
+		if after := keys(t, c, name); strings.Join(after, ",") != strings.Join(before, ",") {
+			t.Fatalf("keys %v, then %v: the refused call left something", before, after)
+		}
+	}
+	if l := semLock(t, c, name); l.Limit != 2 || len(l.Holders) != 1 {
+		t.Fatalf("lock key %+v changed", l)
+	}
+}
+
+// TestSemaphoreForeignKey: a lock key that is not a semaphore's (a lock's
+// flags, an undecodable value, a bad limit) is ErrConflict, never a panic,
+// and is left as it was; so is the other way round (a Mutex on a
+// semaphore's name, a Semaphore on a held Mutex's).
+func TestSemaphoreForeignKey(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	ctx := timeout(t, 20*time.Second)
+	s := newSession(t, c)
+	for _, tc := range []struct {
+		flags uint64
+		value string
+	}{
+		{api.LockFlagValue, ""},
+		{api.SemaphoreFlagValue, "{not json"},
+		{api.SemaphoreFlagValue, `{"Limit":0,"Holders":{}}`},
+		{api.SemaphoreFlagValue, `[1,2]`},
+		{api.SemaphoreFlagValue, `null`},
+		{RWMutexFlagValue, `{"Holders":{}}`},
+		{0, `{"Limit":2,"Holders":{}}`},
+	} {
+		name := uniqueName(t)
+		pair := &api.KVPair{Key: name + "/.lock", Flags: tc.flags, Value: []byte(tc.value)}
+		if _, err := c.KV().Put(pair, nil); err != nil {
+			t.Fatal(err)
+		}
+		m := newSemaphore(t, s, name, 2)
+		for _, f := range []func(context.Context) (*Grant, error){m.Lock, m.TryLock} {
+			if _, err := f(ctx); !errors.Is(err, holdfast.ErrConflict) {
+				t.Fatalf("flags %#x value %q: %v, want ErrConflict", tc.flags, tc.value, err)
+			}
+		}
+		got, _, err := c.KV().Get(pair.Key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Flags != tc.flags || string(got.Value) != tc.value || got.ModifyIndex != got.CreateIndex {
+			t.Fatalf("the foreign lock key was rewritten: %+v", got)
+		}
+		if ks := keys(t, c, name); len(ks) != 1 {
+			t.Fatalf("keys left: %v", ks)
+		}
+	}
+
+	// A Mutex and a Semaphore on one name: whoever comes second fails.
+	name := uniqueName(t)
+	g, err := newMutex(t, s, name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("Semaphore on a held Mutex's name: %v", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	name = uniqueName(t)
+	p, err := newSemaphore(t, s, name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Unlock(ctx)
+	if _, err := newMutex(t, newSession(t, c), name).Lock(ctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("Mutex on a held Semaphore's name: %v", err)
+	}
+}
+
+// TestSemaphoreBadInput: bad arguments are refused before any request.
+func TestSemaphoreBadInput(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c, cnt := countingClient(t, a)
+	s := newSession(t, c)
+	m := newSemaphore(t, s, uniqueName(t), 2)
+	before := cnt.n.Load()
+	for _, tc := range []struct {
+		s     *Session
+		name  string
+		limit int
+		want  error
+	}{
+		{s, "x", 0, holdfast.ErrInvalidArgument},
+		{s, "x", -1, holdfast.ErrInvalidArgument},
+		{nil, "x", 2, holdfast.ErrInvalidArgument},
+		{s, "", 2, holdfast.ErrInvalidName},
+		{s, "/x", 2, holdfast.ErrInvalidName},
+		{s, "x/.lock", 2, holdfast.ErrInvalidName},
+	} {
+		if _, err := NewSemaphore(tc.s, tc.name, tc.limit); !errors.Is(err, tc.want) {
+			t.Errorf("NewSemaphore(%v, %q, %d): %v, want %v", tc.s != nil, tc.name, tc.limit, err, tc.want)
+		}
+	}
+	if _, err := NewSemaphore(s, "x", 2, holdfast.WithReentrant()); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("WithReentrant: %v", err)
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+		t.Errorf("Lock(nil): %v", err)
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if _, err := m.TryLock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck
+		t.Errorf("TryLock(nil): %v", err)
+	}
+	if _, err := NewRWMutex(nil, "x"); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("NewRWMutex(nil): %v", err)
+	}
+	if n := cnt.n.Load() - before; n > 1 { // the session's own watch may tick once
+		t.Errorf("%d requests for refused input", n)
+	}
+}
+
+// TestSemaphoreCancelLeavesNothing: a Lock given up while waiting leaves
+// nothing; so does a TryLock that finds no room (it writes nothing).
+func TestSemaphoreCancelLeavesNothing(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 1).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := keys(t, c, name)
+	w := newSemaphore(t, newSession(t, c), name, 1)
+	for range 3 {
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, err := w.Lock(wctx)
+		cancel()
+		if !isCtx(err) {
+			t.Fatalf("Lock while full, ctx ends: %v", err)
+		}
+		if after := keys(t, c, name); strings.Join(after, ",") != strings.Join(before, ",") {
+			t.Fatalf("keys %v, after the cancelled Lock %v", before, after)
+		}
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Fatalf("keys left: %v", ks)
+	}
+}
+
+// TestSemaphoreRevokedHolder: a holder whose session is destroyed is told
+// (its grant's context ends), and its permit comes back to a waiter.
+func TestSemaphoreRevokedHolder(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 30*time.Second)
+	s1 := newSession(t, c, WithLockDelay(0))
+	g, err := newSemaphore(t, s1, name, 1).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Grant, 1)
+	go func() {
+		g2, err := newSemaphore(t, newSession(t, c), name, 1).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g2
+	}()
+	waitFor(t, 5*time.Second, "the waiter's key", func() bool { return len(keys(t, c, name)) == 3 })
+	start := time.Now()
+	destroy(t, c, s1.ID())
+	select {
+	case <-g.Context().Done():
+		if !errors.Is(context.Cause(g.Context()), holdfast.ErrSessionLost) {
+			t.Errorf("cause %v", context.Cause(g.Context()))
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the revoked holder was not told")
+	}
+	select {
+	case g2 := <-got:
+		if g2 == nil {
+			t.FailNow()
+		}
+		t.Logf("permit back after %v", time.Since(start))
+		if g2.Token() <= g.Token() {
+			t.Errorf("token %d after %d", g2.Token(), g.Token())
+		}
+		if l := semLock(t, c, name); len(l.Holders) != 1 || !l.Holders[g2.Session()] {
+			t.Errorf("holders %v", l.Holders)
+		}
+		_ = g2.Unlock(ctx)
+	case <-time.After(blockWait + 5*time.Second):
+		t.Fatal("the revoked holder's permit did not come back")
+	}
+}
+
+// TestSemaphoreFIFO: holdfast waiters get permits in the order they queued.
+func TestSemaphoreFIFO(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 30*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	order := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		m := newSemaphore(t, newSession(t, c), name, 2)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := m.Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			time.Sleep(20 * time.Millisecond)
+			_ = w.Unlock(ctx)
+		}()
+		waitFor(t, 5*time.Second, "waiter queued", func() bool { return len(keys(t, c, name)) == 3+i+1 })
+	}
+	_ = g.Unlock(ctx)
+	_ = g2.Unlock(ctx)
+	wg.Wait()
+	close(order)
+	i := 0
+	for got := range order {
+		if got != i {
+			t.Fatalf("waiter %d got a permit %dth", got, i)
+		}
+		i++
+	}
+}
+
+// TestSemaphoreStaleTryLock: an admission made from a stale read is refused
+// by the lock key's CAS (guard consul/permit-cas): two TryLocks that both
+// read a free permit of a limit-1 semaphore cannot both get it.
+func TestSemaphoreStaleTryLock(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	first := newSemaphore(t, newSession(t, c), name, 1)
+	second := newSemaphore(t, newSession(t, c), name, 1)
+	var g2 *Grant
+	testHookTryRead = func(p *permits) {
+		if p != first.p {
+			return
+		}
+		var err error
+		if g2, err = second.TryLock(ctx); err != nil { // between first's read and write
+			t.Error(err)
+		}
+	}
+	defer func() { testHookTryRead = nil }()
+	g1, err := first.TryLock(ctx)
+	testHookTryRead = nil
+	if g2 == nil {
+		t.FailNow()
+	}
+	if err == nil {
+		_ = g1.Unlock(ctx)
+		t.Fatalf("two permits of a limit-1 semaphore: tokens %d and %d", g1.Token(), g2.Token())
+	}
+	if !errors.Is(err, holdfast.ErrLocked) {
+		t.Fatalf("stale TryLock: %v, want ErrLocked", err)
+	}
+	if l := semLock(t, c, name); len(l.Holders) != 1 {
+		t.Fatalf("holders %v", l.Holders)
+	}
+	_ = g2.Unlock(ctx)
+}
+
+// TestSemaphoreReleaseGuard: a release whose key was deleted from outside
+// between its read and its write applies nothing and reports ErrNotHeld
+// (guard consul/permit-release-check-session).
+func TestSemaphoreReleaseGuard(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testHookLeaveRead = func(p *permits) {
+		if _, err := c.KV().Delete(g.Key(), nil); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { testHookLeaveRead = nil }()
+	if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
+		t.Fatalf("Unlock after the key was deleted from outside: %v, want ErrNotHeld", err)
 	}
 }

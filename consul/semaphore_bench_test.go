@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,36 +43,6 @@ func (r semRun) String() string {
 	return fmt.Sprintf("%6d acquisitions, %7.1f acq/s, %5.2f requests/acq, fairness %.3f, violations %d (peak %d holders)",
 		r.acquisitions, float64(r.acquisitions)/r.seconds, float64(r.requests)/float64(max(r.acquisitions, 1)), r.fairness, r.violations, r.peak)
 }
-
-// jain is Jain's fairness index of xs: 1 when all are equal.
-func jain(xs []int64) float64 {
-	var sum, sq float64
-	for _, x := range xs {
-		sum += float64(x)
-		sq += float64(x) * float64(x)
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(xs)) * sq)
-}
-
-// holders counts holders in-process, and the moments with more than limit.
-type holders struct {
-	limit           int64
-	now, peak, viol atomic.Int64
-}
-
-func (h *holders) in() {
-	n := h.now.Add(1)
-	if n > h.limit {
-		h.viol.Add(1)
-	}
-	for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
-	}
-}
-
-func (h *holders) out() { h.now.Add(-1) }
 
 // TestSemaphoreVersusAPI measures, in the same run, holdfast's Semaphore
 // and api.Semaphore with limit 4 and 32 contenders that hold for 0 (issue 8's

@@ -496,3 +496,34 @@ func TestSemaphoreReleaseGuard(t *testing.T) {
 		t.Fatalf("Unlock after the key was deleted from outside: %v, want ErrNotHeld", err)
 	}
 }
+
+// jain is Jain's fairness index of xs: 1 when all are equal.
+func jain(xs []int64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// holders counts holders in-process, and the moments with more than limit.
+type holders struct {
+	limit           int64
+	now, peak, viol atomic.Int64
+}
+
+func (h *holders) in() {
+	n := h.now.Add(1)
+	if n > h.limit {
+		h.viol.Add(1)
+	}
+	for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
+	}
+}
+
+func (h *holders) out() { h.now.Add(-1) }
+

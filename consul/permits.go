@@ -45,6 +45,10 @@ const (
 	valWrite    = "holdfast write" // an RWMutex's waiting writer
 	valHeld     = "holdfast held"
 	valHeldNext = "holdfast held+next"
+	// valDowngraded is an RWMutex's key after Downgrade: a write that
+	// leaves a key's value as it was does not move its ModifyIndex, and the
+	// read grant's token is the index of the downgrade's write.
+	valDowngraded = "holdfast held, downgraded"
 )
 
 // Test hooks (nil outside tests): after TryLock's read, and after a
@@ -316,7 +320,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		val := string(e.Value)
 		c := contender{key: e.Key, session: e.Session, index: e.ModifyIndex, create: e.CreateIndex}
 		switch {
-		case val == valHeld || val == valHeldNext:
+		case val == valHeld || val == valHeldNext || val == valDowngraded:
 			continue
 		case val == valWait && !p.rw(), val == valRead && p.rw():
 		case val == valWrite && p.rw():
@@ -354,7 +358,7 @@ func (v pview) admitted(p *permits) bool {
 	}
 	val := string(v.me.Value)
 	_, in := v.st.holders[p.s.id]
-	return in && (val == valHeld || val == valHeldNext)
+	return in && (val == valHeld || val == valHeldNext || val == valDowngraded)
 }
 
 // ahead returns the waiters queued before us.
@@ -514,7 +518,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				ops = append(ops, p.writeOps(*v, st, admitted)...)
 			}
 			if downgrade {
-				ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valHeld)}})
+				ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valDowngraded)}})
 			} else {
 				ops = append(ops, kvOp(api.KVDelete, p.myKey))
 			}

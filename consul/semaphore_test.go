@@ -527,3 +527,41 @@ func (h *holders) in() {
 
 func (h *holders) out() { h.now.Add(-1) }
 
+
+// TestSemaphoreCloseHandsOn: closing a session that holds a permit hands
+// it to the waiter at once and leaves nothing.
+func TestSemaphoreCloseHandsOn(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	s1 := newSession(t, c)
+	if _, err := newSemaphore(t, s1, name, 1).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Grant, 1)
+	go func() {
+		g, err := newSemaphore(t, newSession(t, c), name, 1).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	waitFor(t, 5*time.Second, "waiter queued", func() bool { return len(keys(t, c, name)) == 3 })
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-got:
+		if g == nil {
+			t.FailNow()
+		}
+		_ = g.Unlock(ctx)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the permit of a closed session was not handed on")
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Fatalf("keys left: %v", ks)
+	}
+}

@@ -785,7 +785,7 @@ func (a *pacq) run() (uint64, error) {
 		if v.me == nil || !slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey }) {
 			// Our key vanished, lost its session, or was marked held
 			// without our session being a holder: join again.
-			if joins++; joins > 3 {
+			if joins++; joins > 3 { // in a row
 				return 0, fmt.Errorf("holdfast/consul: %s: our contender key keeps vanishing", p.name)
 			}
 			if v, err = a.join(); err != nil {
@@ -793,6 +793,7 @@ func (a *pacq) run() (uint64, error) {
 			}
 			continue
 		}
+		joins = 0
 		if ahead := v.ahead(); len(ahead) > 0 && !v.foreign {
 			// Holdfast waiters are ahead of us: each of them is admitted
 			// by a write to the lock key after we joined, so once we are
@@ -816,17 +817,7 @@ func (a *pacq) run() (uint64, error) {
 				switch string(next.Value) {
 				case valHeldNext: // admitted with us: our token is that write's
 					return next.ModifyIndex, nil
-				case valHeld:
-					// We are the head now, and the lock key was written
-					// after we joined: every holdfast release from now on
-					// reads a queue with us at its head, and hands us the
-					// permit if it frees one.
-					if !v.foreign {
-						if token, got, err := a.awaitHandoff(v.me); err != nil || got {
-							return token, err
-						}
-						break
-					}
+				case valHeld: // we are the head now: wait on the lock key
 					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
 					if err != nil {
 						return 0, err

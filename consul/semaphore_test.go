@@ -527,7 +527,6 @@ func (h *holders) in() {
 
 func (h *holders) out() { h.now.Add(-1) }
 
-
 // TestSemaphoreCloseHandsOn: closing a session that holds a permit hands
 // it to the waiter at once and leaves nothing.
 func TestSemaphoreCloseHandsOn(t *testing.T) {

@@ -44,6 +44,19 @@ func (r semRun) String() string {
 		r.acquisitions, float64(r.acquisitions)/r.seconds, float64(r.requests)/float64(max(r.acquisitions, 1)), r.fairness, r.violations, r.peak)
 }
 
+// jain is Jain's fairness index of xs: 1 when all are equal.
+func jain(xs []int64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
 // TestSemaphoreVersusAPI measures, in the same run, holdfast's Semaphore
 // and api.Semaphore with limit 4 and 32 contenders that hold for 0 (issue 8's
 // targets: >= 5x the acquisitions per second, <= 8 HTTP requests per

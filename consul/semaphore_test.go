@@ -497,19 +497,6 @@ func TestSemaphoreReleaseGuard(t *testing.T) {
 	}
 }
 
-// jain is Jain's fairness index of xs: 1 when all are equal.
-func jain(xs []int64) float64 {
-	var sum, sq float64
-	for _, x := range xs {
-		sum += float64(x)
-		sq += float64(x) * float64(x)
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(xs)) * sq)
-}
-
 // holders counts holders in-process, and the moments with more than limit.
 type holders struct {
 	limit           int64

@@ -551,3 +551,37 @@ func TestSemaphoreCloseHandsOn(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestPermitGuardedTxn: a permit's Txn applies while our session holds our
+// contender key, refuses the semaphore's own keys, and fails with ErrNotHeld
+// (ending the grant) once the key was deleted from outside.
+func TestPermitGuardedTxn(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := name + "-data"
+	put := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVSet, Key: out, Value: []byte("v1")}}}
+	if _, err := g.Txn(ctx, put); err != nil {
+		t.Fatal(err)
+	}
+	own := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVSet, Key: name + "/.lock", Value: []byte("x")}}}
+	if _, err := g.Txn(ctx, own); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Fatalf("Txn on the semaphore's own key: %v", err)
+	}
+	if _, err := c.KV().Delete(g.Key(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Txn(ctx, put); !errors.Is(err, holdfast.ErrNotHeld) {
+		t.Fatalf("Txn after the key was deleted: %v, want ErrNotHeld", err)
+	}
+	if g.Context().Err() == nil {
+		t.Fatal("the grant still looks held")
+	}
+	_, _ = c.KV().Delete(out, nil)
+}

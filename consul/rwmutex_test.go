@@ -366,3 +366,74 @@ func TestRWMutexConflict(t *testing.T) {
 		t.Fatalf("keys left: %v", ks)
 	}
 }
+
+// TestRWMutexChurn: readers and writers that give up at random moments
+// never strand the lock (no successful wait as long as the 5 s re-read),
+// a writer is never beside anyone, and nothing is left.
+func TestRWMutexChurn(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 90*time.Second)
+	var readers, writers, bad, slowest atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 8 {
+		m := newRWMutex(t, newSession(t, c), name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), 3))
+			for range 15 {
+				write := r.IntN(3) == 0
+				f := m.RLock
+				if write {
+					f = m.Lock
+				}
+				if r.IntN(4) == 0 {
+					cctx, cancel := context.WithTimeout(ctx, time.Duration(r.IntN(20))*time.Millisecond)
+					g, err := f(cctx)
+					cancel()
+					if err == nil {
+						_ = g.Unlock(ctx)
+					}
+					continue
+				}
+				start := time.Now()
+				g, err := f(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d := int64(time.Since(start)); d > slowest.Load() {
+					slowest.Store(d)
+				}
+				if write {
+					if writers.Add(1) != 1 || readers.Load() != 0 {
+						bad.Add(1)
+					}
+				} else if readers.Add(1); writers.Load() != 0 {
+					bad.Add(1)
+				}
+				time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
+				if write {
+					writers.Add(-1)
+				} else {
+					readers.Add(-1)
+				}
+				if err := g.Unlock(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("slowest wait %v", time.Duration(slowest.Load()))
+	if bad.Load() != 0 {
+		t.Fatalf("%d moments with a writer beside someone", bad.Load())
+	}
+	if time.Duration(slowest.Load()) > 4*time.Second {
+		t.Errorf("a wait of %v: the lock was stranded until a re-read", time.Duration(slowest.Load()))
+	}
+	waitFor(t, cleanupBound, "nothing left", func() bool { return len(keys(t, c, name)) == 0 })
+}

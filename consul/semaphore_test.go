@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -584,4 +585,62 @@ func TestPermitGuardedTxn(t *testing.T) {
 		t.Fatal("the grant still looks held")
 	}
 	_, _ = c.KV().Delete(out, nil)
+}
+
+// TestSemaphoreChurn: contenders that give up at random moments (some
+// while a permit is being handed to them) never leave a permit stranded:
+// no successful wait lasts as long as the 5 s re-read that would otherwise
+// rescue it, never more than the limit hold at once, and nothing is left.
+func TestSemaphoreChurn(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 90*time.Second)
+	h := &holders{limit: 2}
+	var slowest atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 10 {
+		m := newSemaphore(t, newSession(t, c), name, 2)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), 2))
+			for range 15 {
+				if r.IntN(3) == 0 {
+					cctx, cancel := context.WithTimeout(ctx, time.Duration(r.IntN(20))*time.Millisecond)
+					g, err := m.Lock(cctx)
+					cancel()
+					if err == nil {
+						_ = g.Unlock(ctx)
+					}
+					continue
+				}
+				start := time.Now()
+				g, err := m.Lock(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d := int64(time.Since(start)); d > slowest.Load() {
+					slowest.Store(d)
+				}
+				h.in()
+				time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
+				h.out()
+				if err := g.Unlock(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("slowest wait %v, peak %d holders", time.Duration(slowest.Load()), h.peak.Load())
+	if h.viol.Load() != 0 {
+		t.Fatalf("%d moments with more than 2 holders", h.viol.Load())
+	}
+	if time.Duration(slowest.Load()) > 4*time.Second {
+		t.Errorf("a wait of %v: a permit was stranded until a re-read", time.Duration(slowest.Load()))
+	}
+	waitFor(t, cleanupBound, "nothing left", func() bool { return len(keys(t, c, name)) == 0 })
 }

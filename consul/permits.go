@@ -531,10 +531,13 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 		resp, err := p.s.txn(ctx, ops)
 		var rb *rollback
 		switch {
+		case err == nil && downgrade:
+			return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
+		case err == nil && how == leaveRelease && !in:
+			// A holder's entry is pruned only once its key is gone: the
+			// lock key was rewritten or deleted from outside.
+			return 0, fmt.Errorf("%w: %s was no longer among the holders in %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 		case err == nil:
-			if downgrade {
-				return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
-			}
 			return 0, nil
 		case errors.As(err, &rb) && rb.denied():
 			return 0, txnError("release "+p.myKey, rb)

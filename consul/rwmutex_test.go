@@ -435,5 +435,5 @@ func TestRWMutexChurn(t *testing.T) {
 	if time.Duration(slowest.Load()) > 4*time.Second {
 		t.Errorf("a wait of %v: the lock was stranded until a re-read", time.Duration(slowest.Load()))
 	}
-	waitFor(t, cleanupBound, "nothing left", func() bool { return len(keys(t, c, name)) == 0 })
+	leftNothing(t, c, name)
 }

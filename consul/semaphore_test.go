@@ -642,5 +642,21 @@ func TestSemaphoreChurn(t *testing.T) {
 	if time.Duration(slowest.Load()) > 4*time.Second {
 		t.Errorf("a wait of %v: a permit was stranded until a re-read", time.Duration(slowest.Load()))
 	}
-	waitFor(t, cleanupBound, "nothing left", func() bool { return len(keys(t, c, name)) == 0 })
+	leftNothing(t, c, name)
+}
+
+// leftNothing waits for every key under name to go, and reports what stays.
+func leftNothing(t *testing.T, c *api.Client, name string) {
+	t.Helper()
+	deadline := time.Now().Add(cleanupBound)
+	for len(keys(t, c, name)) != 0 {
+		if time.Now().After(deadline) {
+			pairs, _, _ := c.KV().List(name+"/", nil)
+			for _, p := range pairs {
+				t.Logf("left: %s session %q value %q", p.Key, p.Session, p.Value)
+			}
+			t.Fatalf("keys left after %v", cleanupBound)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

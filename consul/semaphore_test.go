@@ -405,7 +405,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 5
-	order := make(chan int, n)
+	tokens := make([]holdfast.Token, n) // admission order: tokens increase with it
 	var wg sync.WaitGroup
 	for i := range n {
 		m := newSemaphore(t, newSession(t, c), name, 2)
@@ -417,7 +417,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			order <- i
+			tokens[i] = w.Token()
 			time.Sleep(20 * time.Millisecond)
 			_ = w.Unlock(ctx)
 		}()
@@ -426,13 +426,10 @@ func TestSemaphoreFIFO(t *testing.T) {
 	_ = g.Unlock(ctx)
 	_ = g2.Unlock(ctx)
 	wg.Wait()
-	close(order)
-	i := 0
-	for got := range order {
-		if got != i {
-			t.Fatalf("waiter %d got a permit %dth", got, i)
+	for i := 1; i < n; i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("tokens by queue order %v: waiter %d was admitted before waiter %d", tokens, i, i-1)
 		}
-		i++
 	}
 }
 

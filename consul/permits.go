@@ -417,9 +417,23 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 
 // read returns the subtree in one read-only transaction.
 func (p *permits) read(ctx context.Context) (pview, error) {
+	return p.readOps(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
+}
+
+// readOrdered returns the subtree too, in a transaction that also deletes a
+// key that never exists: that makes it a write, which Consul applies through
+// Raft after the writes sent before it, where a read-only transaction is
+// answered at once. A cleanup reads this way, so that a join or an
+// admission of ours whose request was abandoned but reached the server is
+// seen (and undone) rather than landing after the read.
+func (p *permits) readOrdered(ctx context.Context) (pview, error) {
+	return p.readOps(ctx, api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered"), kvOp(api.KVGetTree, p.prefix)})
+}
+
+func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := p.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
+	resp, err := p.s.txn(ctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -471,7 +485,11 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			return 0, ctx.Err()
 		}
 		if v == nil || attempt > 0 {
-			r, err := p.read(ctx)
+			read := p.read
+			if how == leaveCleanup {
+				read = p.readOrdered
+			}
+			r, err := read(ctx)
 			if err != nil {
 				return 0, err
 			}

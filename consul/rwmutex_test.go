@@ -435,3 +435,39 @@ func TestRWMutexChurn(t *testing.T) {
 	}
 	leftNothing(t, c, name)
 }
+
+// TestPermitToldBeforeNextGrant: a write holder cut off from Consul (its
+// session then expires by TTL) is told, by its grant's context, before a
+// reader waiting on another session gets the lock; the same holds for a
+// semaphore's permit, since both stop counting a holder only once Consul has
+// invalidated its session.
+func TestPermitToldBeforeNextGrant(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	p, pc := proxied(t, a)
+	name := uniqueName(t)
+	ctx := timeout(t, 60*time.Second)
+	cut := newSession(t, pc, WithTTL(MinTTL), WithLockDelay(0))
+	w, err := newRWMutex(t, cut, name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := acquireAsync(t, newRWMutex(t, newSession(t, c), name).RLock, ctx)
+	waitFor(t, 5*time.Second, "reader queued", func() bool { return len(keys(t, c, name)) == 3 })
+	p.Blackhole()
+	var told time.Time
+	select {
+	case <-w.Context().Done():
+		told = time.Now()
+	case <-time.After(2*MinTTL + 5*time.Second):
+		t.Fatal("the cut-off writer was never told")
+	}
+	g := granted(t, r, 2*MinTTL+blockWait+5*time.Second, "the reader")
+	got := time.Now()
+	t.Logf("writer told %v before the reader got the lock", got.Sub(told))
+	if !told.Before(got) {
+		t.Fatalf("the reader got the lock %v before the writer was told", told.Sub(got))
+	}
+	_ = g.Unlock(ctx)
+}

@@ -71,6 +71,8 @@ func TestRWMutexExclusion(t *testing.T) {
 	ctx := timeout(t, 60*time.Second)
 	var readers, writers, peakReaders, bad atomic.Int64
 	var lastWrite atomic.Uint64
+	var fence holdfast.Fence // what writers write to: it refuses stale tokens
+	data := 0
 	var wg sync.WaitGroup
 	for i := range 8 {
 		m := newRWMutex(t, newSession(t, c), name)
@@ -88,8 +90,8 @@ func TestRWMutexExclusion(t *testing.T) {
 					if writers.Add(1) != 1 || readers.Load() != 0 {
 						bad.Add(1)
 					}
-					if uint64(g.Token()) <= lastWrite.Load() {
-						t.Errorf("write token %d after %d", g.Token(), lastWrite.Load())
+					if err := fence.Do(g.Token(), func() { data++ }); err != nil || g.Token() == fence.Max() && uint64(g.Token()) == lastWrite.Load() {
+						t.Errorf("write token %d refused by the fence (or reused): %v", g.Token(), err)
 					}
 					lastWrite.Store(uint64(g.Token()))
 					time.Sleep(3 * time.Millisecond)

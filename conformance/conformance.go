@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/leader"
 )
 
 // Backend describes a store to the suite.
@@ -44,6 +45,41 @@ type Backend struct {
 	// ended (which includes the store's own expiry of a session cut off
 	// from it, and any Consul lock-delay). Zero means 30 s.
 	OpTimeout time.Duration
+
+	// NewSemaphore, if set, returns a counting semaphore called name that
+	// admits limit holders at once, on a new session of its own (one permit
+	// per session, as for NewLocker), and its faults. Its grants are
+	// permits. The Semaphore* properties run only if it is set.
+	NewSemaphore func(t *testing.T, name string, limit int) (holdfast.Locker, Faults)
+
+	// NewRWMutex, if set, returns a read-write lock called name on a new
+	// session of its own, and its faults. The RW* properties run only if
+	// it is set.
+	NewRWMutex func(t *testing.T, name string) (RWLocker, Faults)
+
+	// NewElection, if set, returns a candidate in the election called name
+	// on a new session of its own, and its faults; a leadership grant's
+	// Unlock resigns. The Election* properties run only if it is set.
+	NewElection func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], Faults)
+
+	// ObserveAll says that Observe delivers every leader, in order, even to
+	// a slow reader (etcd). Without it (Consul), Observe may skip to the
+	// latest state, and the suite checks only that what it delivers is in
+	// order and ends with the latest state.
+	ObserveAll bool
+}
+
+// RWLocker is a read-write lock as the suite drives it: Lock and TryLock
+// take the write lock, RLock and TryRLock a read lock. Readers share the
+// lock with each other; a writer holds it alone.
+type RWLocker interface {
+	holdfast.Locker
+	// RLock waits for a read grant, as Lock does for a write grant.
+	RLock(ctx context.Context) (holdfast.Grant, error)
+	// TryRLock takes a read grant if no writer holds the lock or waits for
+	// it, and returns an error wrapping holdfast.ErrLocked at once
+	// otherwise.
+	TryRLock(ctx context.Context) (holdfast.Grant, error)
 }
 
 // Faults act on one locker's session and its connection to the store.
@@ -95,32 +131,65 @@ const (
 type subtest struct {
 	name string
 	fn   func(*suite)
+	// needs names the optional Backend constructor the property drives
+	// ("" for NewLocker, which every backend has).
+	needs string
 }
+
+// Optional Backend constructors, as subtest.needs names them.
+const (
+	needsSemaphore = "NewSemaphore"
+	needsRWMutex   = "NewRWMutex"
+	needsElection  = "NewElection"
+)
 
 // subtests is the suite, in the order Run runs it.
 var subtests = []subtest{
-	{"MutualExclusion", testMutualExclusion},
-	{"FIFO", testFIFO},
-	{"NoHerd", testNoHerd},
-	{"TryLock", testTryLock},
-	{"CancelCleanup", testCancelCleanup},
-	{"MonotonicTokens", testMonotonicTokens},
-	{"LossNotice", testLossNotice},
-	{"ToldBeforeNextGrant", testToldBeforeNextGrant},
-	{"DeletedKey", testDeletedKey},
-	{"SessionClose", testSessionClose},
-	{"DoubleUnlock", testDoubleUnlock},
-	{"Reentrancy", testReentrancy},
-	{"ContextWhileWaiting", testContextWhileWaiting},
-	{"BoundedLock", testBoundedLock},
-	{"BoundedUnlock", testBoundedUnlock},
-	{"NestedNames", testNestedNames},
-	{"BadInput", testBadInput},
+	{"MutualExclusion", testMutualExclusion, ""},
+	{"FIFO", testFIFO, ""},
+	{"NoHerd", testNoHerd, ""},
+	{"TryLock", testTryLock, ""},
+	{"CancelCleanup", testCancelCleanup, ""},
+	{"MonotonicTokens", testMonotonicTokens, ""},
+	{"LossNotice", testLossNotice, ""},
+	{"ToldBeforeNextGrant", testToldBeforeNextGrant, ""},
+	{"DeletedKey", testDeletedKey, ""},
+	{"SessionClose", testSessionClose, ""},
+	{"DoubleUnlock", testDoubleUnlock, ""},
+	{"Reentrancy", testReentrancy, ""},
+	{"ContextWhileWaiting", testContextWhileWaiting, ""},
+	{"BoundedLock", testBoundedLock, ""},
+	{"BoundedUnlock", testBoundedUnlock, ""},
+	{"NestedNames", testNestedNames, ""},
+	{"BadInput", testBadInput, ""},
+
+	{"SemaphoreLimit", testSemaphoreLimit, needsSemaphore},
+	{"SemaphoreTryLock", testSemaphoreTryLock, needsSemaphore},
+	{"SemaphoreKilledHolder", testSemaphoreKilledHolder, needsSemaphore},
+	{"SemaphoreCancelCleanup", testSemaphoreCancelCleanup, needsSemaphore},
+	{"SemaphoreLimitMismatch", testSemaphoreLimitMismatch, needsSemaphore},
+
+	{"RWExclusion", testRWExclusion, needsRWMutex},
+	{"RWReadersShare", testRWReadersShare, needsRWMutex},
+	{"RWWriterNotStarved", testRWWriterNotStarved, needsRWMutex},
+	{"RWCancelCleanup", testRWCancelCleanup, needsRWMutex},
+	{"RWTokens", testRWTokens, needsRWMutex},
+
+	{"ElectionOneLeader", testElectionOneLeader, needsElection},
+	{"ElectionObserve", testElectionObserve, needsElection},
+	{"ElectionLeader", testElectionLeader, needsElection},
+	{"ElectionResign", testElectionResign, needsElection},
+	{"ElectionFailover", testElectionFailover, needsElection},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a
 // fresh lock name, "conformance/<subtest>/<random>". Run does not call
 // t.Parallel, and its subtests run one after another.
+//
+// The properties of an optional primitive (semaphore, read-write lock,
+// election) run only if the Backend's constructor for it is set; Run logs
+// which ones it leaves out, and skips none (a skipped test would hide
+// nothing more than an absent one, and CI forbids skips).
 func Run(t *testing.T, b Backend) {
 	t.Helper()
 	switch {
@@ -137,7 +206,27 @@ func Run(t *testing.T, b Backend) {
 	case b.OpTimeout < 0:
 		t.Fatal("conformance: Backend.OpTimeout is negative")
 	}
+	set := map[string]bool{
+		"":             true,
+		needsSemaphore: b.NewSemaphore != nil,
+		needsRWMutex:   b.NewRWMutex != nil,
+		needsElection:  b.NewElection != nil,
+	}
+	left := map[string][]string{}
 	for _, st := range subtests {
+		if !set[st.needs] {
+			left[st.needs] = append(left[st.needs], st.name)
+		}
+	}
+	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection} {
+		if len(left[needs]) > 0 {
+			t.Logf("conformance: Backend.%s is nil: not running %s", needs, strings.Join(left[needs], ", "))
+		}
+	}
+	for _, st := range subtests {
+		if !set[st.needs] {
+			continue
+		}
 		t.Run(st.name, func(t *testing.T) {
 			st.fn(newSuite(t, b, st.name))
 		})
@@ -190,11 +279,18 @@ func (s *suite) lockerOn(name string, opts ...holdfast.LockOption) (holdfast.Loc
 	if l == nil {
 		s.t.Fatal("Backend.NewLocker returned a nil Locker")
 	}
+	s.faults(f, "NewLocker")
+	return l, f
+}
+
+// faults checks the faults a Backend constructor returned and mends them
+// when the subtest ends.
+func (s *suite) faults(f Faults, from string) {
+	s.t.Helper()
 	if f.Kill == nil || f.Cut == nil || f.Freeze == nil || f.Mend == nil || f.Close == nil || f.Requests == nil {
-		s.t.Fatal("Backend.NewLocker returned Faults with a nil function")
+		s.t.Fatalf("Backend.%s returned Faults with a nil function", from)
 	}
 	s.t.Cleanup(f.Mend)
-	return l, f
 }
 
 // ctx returns a context bounded by d and by the end of the subtest.
@@ -309,6 +405,7 @@ type result struct {
 	g    holdfast.Grant
 	err  error
 	took time.Duration
+	at   time.Time // when the call returned
 }
 
 // start calls Lock (or TryLock) in a goroutine and delivers its result.
@@ -322,7 +419,8 @@ func start(ctx context.Context, l holdfast.Locker, try bool) <-chan result {
 		} else {
 			r.g, r.err = l.Lock(ctx)
 		}
-		r.took = time.Since(t0)
+		r.at = time.Now()
+		r.took = r.at.Sub(t0)
 		ch <- r
 	}()
 	return ch
@@ -357,6 +455,16 @@ func (s *suite) early(ch <-chan result, what string) (result, bool) {
 		return r, true
 	default:
 		return result{}, false
+	}
+}
+
+// waiting fails the subtest now if ch has a result already: a call that
+// should still be blocked returned (the properties of semaphores, RW locks
+// and elections stop there rather than wait out what follows).
+func (s *suite) waiting(ch <-chan result, what string) {
+	s.t.Helper()
+	if _, early := s.early(ch, what); early {
+		s.t.FailNow()
 	}
 }
 
@@ -457,4 +565,66 @@ func without(after, before []string) []string {
 // under reports whether key is under the lock name.
 func (s *suite) under(key string) bool {
 	return strings.HasPrefix(key, s.name+"/") && len(key) > len(s.name)+1
+}
+
+// occupancy is a fenced counter of the grants whose holders are inside a
+// critical section: a grant counts while its context is live, so that a
+// holder told of its loss (and the store free to grant again) is not
+// counted against the store, while a store that admits too many holders
+// is.
+type occupancy struct {
+	mu     sync.Mutex
+	inside map[holdfast.Grant]string // grant -> its kind ("read", "write", "")
+	max    map[string]int            // kind -> most live grants of it at once
+}
+
+func newOccupancy() *occupancy {
+	return &occupancy{inside: make(map[holdfast.Grant]string), max: make(map[string]int)}
+}
+
+// enter records g, of kind, as inside, and returns how many live grants of
+// each kind are inside now, g included, with their descriptions.
+func (o *occupancy) enter(g holdfast.Grant, kind string) (map[string]int, []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.inside[g] = kind
+	live := make(map[string]int)
+	var who []string
+	for h, k := range o.inside {
+		if h.Context().Err() == nil {
+			live[k]++
+			who = append(who, k+describe(h))
+		}
+	}
+	for k, n := range live {
+		o.max[k] = max(o.max[k], n)
+	}
+	slices.Sort(who)
+	return live, who
+}
+
+// leave records that g's holder has left.
+func (o *occupancy) leave(g holdfast.Grant) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.inside, g)
+}
+
+// most returns the most live grants of kind seen inside at once.
+func (o *occupancy) most(kind string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.max[kind]
+}
+
+// idle accepts keys that a primitive may leave with nobody holding or
+// waiting: none, or only bookkeeping keys whose last path element starts
+// with "." (Consul's "<name>/.lock", which holds a semaphore's limit).
+func idle(ks []string) bool {
+	for _, k := range ks {
+		if !strings.HasPrefix(k[strings.LastIndex(k, "/")+1:], ".") {
+			return false
+		}
+	}
+	return true
 }

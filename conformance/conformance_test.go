@@ -48,19 +48,22 @@ func TestBrokenFakeHelper(t *testing.T) {
 }
 
 // brokenFakes lists each bug with the subtests that must catch it
-// ("CheckGoroutines" stands for the goroutine-leak check).
+// ("CheckGoroutines" stands for the goroutine-leak check). A child process
+// runs the subtests of the families (see family) of its mustFail list, and
+// of its bug's lock family if it has none: the bugs in semaphores, RW locks
+// and elections do not make every lock property run again.
 var brokenFakes = []struct {
 	bug      string
 	mustFail []string
 }{
 	{bugLIFO, []string{"FIFO"}},
 	{bugNoExclusion, []string{"MutualExclusion"}},
-	{bugSessionToken, []string{"MutualExclusion", "LossNotice"}},
+	{bugSessionToken, []string{"MutualExclusion", "LossNotice", "RWTokens", "ElectionOneLeader"}},
 	{bugZeroToken, []string{"MonotonicTokens"}},
 	{bugKeyOutside, []string{"MonotonicTokens"}},
-	{bugTryLockBlocks, []string{"TryLock"}},
+	{bugTryLockBlocks, []string{"TryLock", "SemaphoreTryLock"}},
 	{bugTryLockBarges, []string{"TryLock"}},
-	{bugLeakyCancel, []string{"CancelCleanup"}},
+	{bugLeakyCancel, []string{"CancelCleanup", "SemaphoreCancelCleanup", "RWCancelCleanup", "ElectionLeader"}},
 	{bugCancelledFreeLock, []string{"CancelCleanup"}},
 	{bugReleaseCause, []string{"MonotonicTokens", "Reentrancy"}},
 	{bugNoLossNotice, []string{"LossNotice"}},
@@ -81,6 +84,20 @@ var brokenFakes = []struct {
 	{bugNilContext, []string{"BadInput"}},
 	{bugHerd, []string{"NoHerd"}},
 	{bugLeakGoroutine, []string{"CheckGoroutines"}},
+
+	{bugSemOverAdmit, []string{"SemaphoreLimit", "SemaphoreTryLock"}},
+	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
+	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
+	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
+	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
+	{bugRWReadersExclusive, []string{"RWReadersShare"}},
+	{bugElectTwoLeaders, []string{"ElectionOneLeader"}},
+	{bugElectTermsDecrease, []string{"ElectionOneLeader", "ElectionFailover"}},
+	{bugElectToldLate, []string{"ElectionResign"}},
+	{bugLeaderNoError, []string{"ElectionLeader"}},
+	{bugObserveOutOfOrder, []string{"ElectionObserve"}},
+	{bugObserveSkips, []string{"ElectionObserve"}},
+	{bugObserveNoNone, []string{"ElectionObserve"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -103,7 +120,22 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 				ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 				defer cancel()
 				run := "^" + helper + "$"
-				if testing.Short() {
+				families := map[string]bool{"Lock": true}
+				if len(bf.mustFail) > 0 && bf.mustFail[0] != "CheckGoroutines" {
+					families = map[string]bool{}
+					for _, name := range bf.mustFail {
+						families[family(name)] = true
+					}
+				}
+				if !testing.Short() {
+					var targets []string
+					for _, name := range allSubtests {
+						if families[family(name)] {
+							targets = append(targets, name)
+						}
+					}
+					run += "/^(" + strings.Join(targets, "|") + ")$"
+				} else {
 					// Only the subtests meant to catch the bug.
 					targets := slices.DeleteFunc(slices.Clone(bf.mustFail), func(s string) bool { return s == "CheckGoroutines" })
 					if len(targets) == 0 {
@@ -179,9 +211,23 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 	}
 }
 
+// family is the primitive a subtest is about: "Semaphore", "RW",
+// "Election", or "Lock".
+func family(subtest string) string {
+	for _, f := range []string{"Semaphore", "RW", "Election"} {
+		if strings.HasPrefix(subtest, f) {
+			return f
+		}
+	}
+	return "Lock"
+}
+
 // allSubtests are the subtests conformance.Run runs.
 var allSubtests = []string{
 	"MutualExclusion", "FIFO", "NoHerd", "TryLock", "CancelCleanup", "MonotonicTokens",
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
+	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens",
+	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
 }

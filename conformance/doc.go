@@ -63,6 +63,35 @@
 //     with ErrConflict.
 //   - BadInput: a nil context is ErrInvalidArgument.
 //
-// The suite is itself tested against a fake store with 28 deliberate bugs,
-// each of which some property must catch.
+// Properties of the optional primitives, run only when the Backend sets
+// their constructor (Run logs the ones it leaves out; none is skipped):
+//
+//   - Semaphore (Backend.NewSemaphore): SemaphoreLimit, never more than the
+//     limit of live permits at once (a fenced counter: a permit counts while
+//     its context lives), and the limit is reached; SemaphoreTryLock,
+//     ErrLocked at once when full, writing nothing; SemaphoreKilledHolder,
+//     a killed session's permit comes back within OpTimeout;
+//     SemaphoreCancelCleanup, a cancelled wait leaves nothing behind;
+//     SemaphoreLimitMismatch, clients that disagree on the limit get
+//     ErrConflict at once, never over-admission.
+//   - Read-write lock (Backend.NewRWMutex, an [RWLocker]): RWExclusion, never
+//     a writer beside anyone, and fenced write tokens; RWReadersShare, four
+//     readers at once, and TryLock/TryRLock fail with ErrLocked across
+//     kinds; RWWriterNotStarved, a reader arriving after a queued writer
+//     waits behind it; RWCancelCleanup; RWTokens, write tokens strictly
+//     increase.
+//   - Election (Backend.NewElection, a leader.Candidate): ElectionOneLeader,
+//     at most one live leadership at a time, terms strictly increasing, fenced
+//     writes admitted; ElectionObserve, Observe starts with the current state
+//     and delivers leaders in term order (every one of them with
+//     Backend.ObserveAll, even to a slow reader), ending with "no leader";
+//     ElectionLeader, ErrNoLeader when nobody leads, the leader otherwise, and
+//     a cancelled Campaign leaves nothing; ElectionResign, a resigning
+//     leader's context ends before the next leader's Campaign returns;
+//     ElectionFailover, a killed leader is told within LossNotice and the
+//     next candidate wins within OpTimeout with a higher term.
+//
+// The suite is itself tested against a fake store with 41 deliberate bugs
+// (28 in locks, 13 in semaphores, read-write locks and elections), each of
+// which some property must catch.
 package conformance

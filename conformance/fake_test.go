@@ -15,6 +15,7 @@ import (
 	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
+	"github.com/holdfast/holdfast/leader"
 )
 
 // This file is an in-memory, in-process lock store with etcd's key layout
@@ -53,6 +54,31 @@ const (
 	bugNilContext           = "nil-context"             // a nil context is not reported as ErrInvalidArgument
 	bugHerd                 = "herd"                    // every waiter re-reads the queue on every change
 	bugLeakGoroutine        = "leak-goroutine"          // every grant starts a watcher goroutine that never ends
+
+	bugSemOverAdmit       = "sem-over-admission"      // a semaphore admits limit+1 holders
+	bugSemMismatchIgnored = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
+	bugSemDeadHolderKept  = "sem-dead-holder-kept"    // a killed session's permit is never given back
+	bugRWWriterBesideRead = "rw-writer-beside-reader" // a writer is admitted while readers hold
+	bugRWReaderBarges     = "rw-reader-barges"        // a reader passes a queued writer while readers hold
+	bugRWReadersExclusive = "rw-readers-exclusive"    // readers do not share
+	bugElectTwoLeaders    = "election-two-leaders"    // two candidates lead at once
+	bugElectTermsDecrease = "election-terms-decrease" // each term is lower than the last
+	bugElectToldLate      = "election-told-late"      // a resigning leader's context ends after its key is gone
+	bugLeaderNoError      = "leader-no-error"         // Leader returns the zero Leader and nil when nobody leads
+	bugObserveOutOfOrder  = "observe-out-of-order"    // Observe delivers pending changes newest first
+	bugObserveSkips       = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
+	bugObserveNoNone      = "observe-no-none"         // Observe never delivers "no leader"
+)
+
+// fakeKind is the primitive a key belongs to.
+type fakeKind int
+
+const (
+	kindLock fakeKind = iota
+	kindSem
+	kindRead
+	kindWrite
+	kindElect
 )
 
 const (
@@ -69,10 +95,17 @@ type fakeStore struct {
 	nsess   int
 	keys    map[string]*fakeEntry
 	changed chan struct{} // closed and replaced on every change
+	// leaders is each election's history: every leader, and "no leader"
+	// after a leader's key went, in order.
+	leaders map[string][]holdfast.Leader
 }
 
 // fakeEntry is a key: a waiter until it is given a token, the holder after.
 type fakeEntry struct {
+	key   string
+	kind  fakeKind
+	limit int    // a semaphore's limit
+	value []byte // a candidate's value
 	name  string
 	sess  *fakeSession
 	seq   uint64         // revision that created the key
@@ -82,7 +115,7 @@ type fakeEntry struct {
 }
 
 func newFakeStore(bug string) *fakeStore {
-	return &fakeStore{bug: bug, keys: make(map[string]*fakeEntry), changed: make(chan struct{})}
+	return &fakeStore{bug: bug, keys: make(map[string]*fakeEntry), changed: make(chan struct{}), leaders: make(map[string][]holdfast.Leader)}
 }
 
 // backend returns the conformance description of the store.
@@ -90,35 +123,23 @@ func (st *fakeStore) backend() conformance.Backend {
 	return conformance.Backend{
 		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			t.Helper()
-			if err := holdfast.ValidateName(name); err != nil {
-				t.Fatalf("fake: %v", err)
-			}
-			s := st.newSession()
-			t.Cleanup(s.close)
-			l := &fakeLocker{
-				st:        st,
-				sess:      s,
-				name:      name,
-				key:       name + "/" + s.id,
-				reentrant: options.ApplyLock(opts).Reentrant && st.bug != bugReentrantIgnored,
-				slot:      make(chan struct{}, 1),
-			}
-			return l, conformance.Faults{
-				Kill: func() {
-					cause := fmt.Errorf("%w: session %s killed", holdfast.ErrSessionLost, s.id)
-					if st.bug == bugLossCausePlain {
-						cause = fmt.Errorf("session %s killed", s.id)
-					}
-					s.keeper.End(cause)
-					st.endSession(s)
-				},
-				Cut:      func() { s.setNet(netDown) },
-				Freeze:   func() { s.setNet(netDown) },
-				Mend:     func() { s.setNet(netUp) },
-				Close:    s.close,
-				Requests: s.requests.Load,
-			}
+			return st.newLocker(t, name, kindLock, 0, opts)
 		},
+		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+			t.Helper()
+			return st.newLocker(t, name, kindSem, limit, nil)
+		},
+		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
+			t.Helper()
+			l, f := st.newLocker(t, name, kindWrite, 0, nil)
+			return fakeRW{l}, f
+		},
+		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
+			t.Helper()
+			l, f := st.newLocker(t, name, kindElect, 0, nil)
+			return fakeElection{l}, f
+		},
+		ObserveAll: true,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()
@@ -146,6 +167,42 @@ func (st *fakeStore) backend() conformance.Backend {
 	}
 }
 
+// newLocker returns a locker of kind for name on a new session, and its
+// faults.
+func (st *fakeStore) newLocker(t *testing.T, name string, kind fakeKind, limit int, opts []holdfast.LockOption) (*fakeLocker, conformance.Faults) {
+	t.Helper()
+	if err := holdfast.ValidateName(name); err != nil {
+		t.Fatalf("fake: %v", err)
+	}
+	s := st.newSession()
+	t.Cleanup(s.close)
+	l := &fakeLocker{
+		st:        st,
+		sess:      s,
+		name:      name,
+		key:       name + "/" + s.id,
+		kind:      kind,
+		limit:     limit,
+		reentrant: options.ApplyLock(opts).Reentrant && st.bug != bugReentrantIgnored,
+		slot:      make(chan struct{}, 1),
+	}
+	return l, conformance.Faults{
+		Kill: func() {
+			cause := fmt.Errorf("%w: session %s killed", holdfast.ErrSessionLost, s.id)
+			if st.bug == bugLossCausePlain {
+				cause = fmt.Errorf("session %s killed", s.id)
+			}
+			s.keeper.End(cause)
+			st.endSession(s)
+		},
+		Cut:      func() { s.setNet(netDown) },
+		Freeze:   func() { s.setNet(netDown) },
+		Mend:     func() { s.setNet(netUp) },
+		Close:    s.close,
+		Requests: s.requests.Load,
+	}
+}
+
 // delete removes key if it is still e (a guarded delete), and tells its
 // holder.
 func (st *fakeStore) delete(key string, e *fakeEntry) bool {
@@ -153,6 +210,7 @@ func (st *fakeStore) delete(key string, e *fakeEntry) bool {
 	ok := st.keys[key] == e
 	if ok {
 		delete(st.keys, key)
+		st.removedLocked(e)
 		st.notifyLocked()
 	}
 	st.mu.Unlock()
@@ -201,7 +259,12 @@ func (st *fakeStore) endSession(s *fakeSession) {
 		}
 	}
 	for _, k := range mine {
+		e := st.keys[k]
+		if st.bug == bugSemDeadHolderKept && e.kind == kindSem && e.held {
+			continue // the permit stays taken
+		}
 		delete(st.keys, k)
+		st.removedLocked(e)
 	}
 	st.notifyLocked()
 	st.mu.Unlock()
@@ -227,12 +290,7 @@ func (st *fakeStore) queueLocked(name string) (holders int, waiting []*fakeEntry
 
 // takeLocked gives e the lock if it is its turn.
 func (st *fakeStore) takeLocked(e *fakeEntry) bool {
-	limit := 1
-	if st.bug == bugNoExclusion {
-		limit = 2
-	}
-	holders, waiting := st.queueLocked(e.name)
-	if holders >= limit || !slices.Contains(waiting[:min(len(waiting), limit-holders)], e) {
+	if !st.admitLocked(e) {
 		return false
 	}
 	st.rev++
@@ -243,8 +301,80 @@ func (st *fakeStore) takeLocked(e *fakeEntry) bool {
 		e.token = holdfast.Token(e.sess.acquired)
 	case bugZeroToken:
 		e.token = 0
+	case bugElectTermsDecrease:
+		if e.kind == kindElect {
+			e.token = holdfast.Token(1<<40 - st.rev)
+		}
+	}
+	if e.kind == kindElect {
+		st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{Key: e.key, Value: e.value, Term: e.token})
 	}
 	return true
+}
+
+// admitLocked reports whether e may hold now: a lock's (or an election's)
+// first waiter when nobody holds; a semaphore's contender with fewer than
+// its limit of keys before it; a writer with no key before it; a reader
+// with no writer's key before it.
+func (st *fakeStore) admitLocked(e *fakeEntry) bool {
+	if e.kind == kindLock || e.kind == kindElect {
+		limit := 1
+		if st.bug == bugNoExclusion || (st.bug == bugElectTwoLeaders && e.kind == kindElect) {
+			limit = 2
+		}
+		holders, waiting := st.queueLocked(e.name)
+		return holders < limit && slices.Contains(waiting[:min(len(waiting), limit-holders)], e)
+	}
+	var before, writers, heldWriters int
+	for _, o := range st.keys {
+		if o.name != e.name || o.seq >= e.seq {
+			continue
+		}
+		before++
+		if o.kind == kindWrite {
+			writers++
+			if o.held {
+				heldWriters++
+			}
+		}
+	}
+	switch e.kind {
+	case kindSem:
+		limit := e.limit
+		if st.bug == bugSemOverAdmit {
+			limit++
+		}
+		return before < limit
+	case kindWrite:
+		if st.bug == bugRWWriterBesideRead {
+			return writers == 0
+		}
+		return before == 0
+	default: // kindRead
+		switch st.bug {
+		case bugRWReaderBarges:
+			return heldWriters == 0
+		case bugRWReadersExclusive:
+			return before == 0
+		}
+		return writers == 0
+	}
+}
+
+// removedLocked records that e's key is gone: an election's leader's key
+// leaves the election without a leader until the next one takes over.
+func (st *fakeStore) removedLocked(e *fakeEntry) {
+	if e.kind == kindElect && e.held {
+		st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{})
+	}
+}
+
+// leaderLocked is the current state of the election name.
+func (st *fakeStore) leaderLocked(name string) holdfast.Leader {
+	if h := st.leaders[name]; len(h) > 0 {
+		return h[len(h)-1]
+	}
+	return holdfast.Leader{}
 }
 
 // predecessorLocked is the waiter just ahead of e, or a holder.
@@ -438,6 +568,8 @@ type fakeLocker struct {
 	st        *fakeStore
 	sess      *fakeSession
 	name, key string
+	kind      fakeKind // of Lock and TryLock: kindLock, kindSem, kindWrite
+	limit     int      // a semaphore's
 	reentrant bool
 	slot      chan struct{} // one grant or acquisition of the name per session at a time
 
@@ -446,14 +578,14 @@ type fakeLocker struct {
 }
 
 func (l *fakeLocker) Lock(ctx context.Context) (holdfast.Grant, error) {
-	return l.acquire(ctx, false)
+	return l.acquire(ctx, false, l.kind, nil)
 }
 
 func (l *fakeLocker) TryLock(ctx context.Context) (holdfast.Grant, error) {
-	return l.acquire(ctx, l.st.bug != bugTryLockBlocks)
+	return l.acquire(ctx, l.st.bug != bugTryLockBlocks, l.kind, nil)
 }
 
-func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, error) {
+func (l *fakeLocker) acquire(ctx context.Context, try bool, kind fakeKind, value []byte) (holdfast.Grant, error) {
 	st, s := l.st, l.sess
 	if ctx == nil {
 		if st.bug == bugNilContext {
@@ -498,7 +630,7 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 			}
 		}
 	}
-	g, err := l.acquireStore(ctx, try)
+	g, err := l.acquireStore(ctx, try, kind, value)
 	if err != nil {
 		return nil, err
 	}
@@ -510,7 +642,7 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool) (holdfast.Grant, err
 
 // acquireStore runs with the slot taken; it frees it on failure (after
 // the cleanup, in the background if the store does not answer).
-func (l *fakeLocker) acquireStore(ctx context.Context, try bool) (*fakeGrant, error) {
+func (l *fakeLocker) acquireStore(ctx context.Context, try bool, kind fakeKind, value []byte) (*fakeGrant, error) {
 	st, s := l.st, l.sess
 	fail := func(err error) (*fakeGrant, error) {
 		<-l.slot
@@ -528,15 +660,28 @@ func (l *fakeLocker) acquireStore(ctx context.Context, try bool) (*fakeGrant, er
 			}
 		}
 	}
+	if kind == kindSem && st.bug != bugSemMismatchIgnored {
+		for _, o := range st.keys {
+			if o.name == l.name && o.kind == kindSem && o.limit != l.limit {
+				st.mu.Unlock()
+				return fail(fmt.Errorf("%w: limit %d, but %s says %d", holdfast.ErrConflict, l.limit, o.key, o.limit))
+			}
+		}
+	}
+	e := &fakeEntry{key: l.key, kind: kind, limit: l.limit, value: slices.Clone(value), name: l.name, sess: s, seq: st.rev + 1}
 	if try {
-		holders, waiting := st.queueLocked(l.name)
-		if holders > 0 || (len(waiting) > 0 && st.bug != bugTryLockBarges) {
+		if kind == kindLock || kind == kindElect {
+			holders, waiting := st.queueLocked(l.name)
+			if holders > 0 || (len(waiting) > 0 && st.bug != bugTryLockBarges) {
+				st.mu.Unlock()
+				return fail(holdfast.ErrLocked)
+			}
+		} else if !st.admitLocked(e) {
 			st.mu.Unlock()
 			return fail(holdfast.ErrLocked)
 		}
 	}
 	st.rev++
-	e := &fakeEntry{name: l.name, sess: s, seq: st.rev}
 	st.keys[l.key] = e
 	st.notifyLocked()
 	sessDone := s.ctx.Done()
@@ -646,6 +791,9 @@ func (g *fakeGrant) lost() {
 	g.count = 0
 	g.mu.Unlock()
 	g.end(func() {
+		if g.l.st.bug == bugSemDeadHolderKept && g.e.kind == kindSem {
+			return
+		}
 		if g.l.sess.isUp() {
 			if g.l.st.bug == bugLossCleanupUnguarded {
 				g.l.st.deleteHolders(g.l.name)
@@ -732,9 +880,13 @@ func (g *fakeGrant) Unlock(ctx context.Context) error {
 		return nil
 	}
 	g.count, g.ending = 0, true
-	if st.bug == bugReleaseCause {
+	toldLate := st.bug == bugElectToldLate && g.e.kind == kindElect
+	switch {
+	case st.bug == bugReleaseCause:
 		g.cancel(nil)
-	} else {
+	case toldLate:
+		// told 50 ms after the release, below
+	default:
 		g.cancel(holdfast.ErrReleased)
 	}
 	g.mu.Unlock()
@@ -748,6 +900,10 @@ func (g *fakeGrant) Unlock(ctx context.Context) error {
 		}
 		if !st.delete(g.l.key, g.e) {
 			g.result = fmt.Errorf("%w: %s removed from outside", holdfast.ErrNotHeld, g.l.key)
+		}
+		if toldLate {
+			time.Sleep(50 * time.Millisecond)
+			g.cancel(holdfast.ErrReleased)
 		}
 	})
 	if st.bug == bugUnlockWaitsForStore {

@@ -250,7 +250,7 @@ func testCancelCleanup(s *suite) {
 		s.t.Errorf("B: Lock with a cancelled context: %v, want an error matching context.Canceled", r.err)
 	}
 	if ks, ok := s.waitKeys(settle, equals(onlyA)); !ok {
-		s.t.Errorf("keys %v after B's cancelled Lock returned: %q, want A's only: %q (left behind: %q)", settle, ks, onlyA, without(ks, onlyA))
+		s.t.Fatalf("keys %v after B's cancelled Lock returned: %q, want A's only: %q (left behind: %q)", settle, ks, onlyA, without(ks, onlyA))
 	}
 
 	// C: deadline while queued.

@@ -81,10 +81,19 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		return err
 	}
 	for _, r := range resp.Results {
-		if e := r.KV; e != nil && e.Key == l.lockKey && e.Session == s.id {
+		e := r.KV
+		switch {
+		case e == nil || e.Key != l.lockKey:
+		case e.Session == s.id:
 			if err := s.releaseKey(ctx, l.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 				return err
 			}
+		case e.Session == "" && e.ModifyIndex != 0 && e.Flags == api.LockFlagValue:
+			// A free lock key, left by a holder whose session was
+			// invalidated: nobody else would delete it, so the last one to
+			// give up does, if it is still free (a CAS: someone may be
+			// taking it). A lock-delay on it outlives the key in Consul.
+			_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.lockKey, e.ModifyIndex)})
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/leader"
 )
 
 // conformanceTTL is the session TTL of the conformance harness.
@@ -39,34 +40,67 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
 	admin := a.Client(t)
+	// session returns a session of its own (TTL 10 s, lock-delay 0) on a
+	// client of its own, connected through a fault proxy, and its faults.
+	session := func(t *testing.T) (*Session, conformance.Faults) {
+		p := embedtest.StartProxy(t, a.HTTPAddr)
+		base := cleanhttp.DefaultPooledTransport()
+		t.Cleanup(base.CloseIdleConnections)
+		tr := &countingTransport{next: base}
+		cli, err := a.NewClient(func(cfg *api.Config) {
+			cfg.Address = p.Addr()
+			cfg.HttpClient = &http.Client{Transport: tr}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newSession(t, cli, WithTTL(conformanceTTL), WithLockDelay(0))
+		return s, conformance.Faults{
+			Kill:     func() { destroy(t, admin, s.ID()) },
+			Cut:      p.Blackhole,
+			Freeze:   p.Pause,
+			Mend:     p.Mend,
+			Close:    func() { s.Close() },
+			Requests: tr.n.Load,
+		}
+	}
 	conformance.Run(t, conformance.Backend{
 		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
-			p := embedtest.StartProxy(t, a.HTTPAddr)
-			base := cleanhttp.DefaultPooledTransport()
-			t.Cleanup(base.CloseIdleConnections)
-			tr := &countingTransport{next: base}
-			cli, err := a.NewClient(func(cfg *api.Config) {
-				cfg.Address = p.Addr()
-				cfg.HttpClient = &http.Client{Transport: tr}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := newSession(t, cli, WithTTL(conformanceTTL), WithLockDelay(0))
+			s, f := session(t)
 			m, err := NewMutex(s, name, opts...)
 			if err != nil {
 				t.Fatalf("NewMutex(%q): %v", name, err)
 			}
-			return holdfast.AsLocker[*Grant](m), conformance.Faults{
-				Kill:     func() { destroy(t, admin, s.ID()) },
-				Cut:      p.Blackhole,
-				Freeze:   p.Pause,
-				Mend:     p.Mend,
-				Close:    func() { s.Close() },
-				Requests: tr.n.Load,
-			}
+			return holdfast.AsLocker[*Grant](m), f
 		},
-		Keys: func(t *testing.T, name string) []string { return keys(t, admin, name) },
+		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+			s, f := session(t)
+			sem, err := NewSemaphore(s, name, limit)
+			if err != nil {
+				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
+			}
+			return holdfast.AsLocker[*Grant](sem), f
+		},
+		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
+			s, f := session(t)
+			rw, err := NewRWMutex(s, name)
+			if err != nil {
+				t.Fatalf("NewRWMutex(%q): %v", name, err)
+			}
+			return conformance.AsRWLocker[*Grant](rw), f
+		},
+		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
+			s, f := session(t)
+			e, err := NewElection(s, name)
+			if err != nil {
+				t.Fatalf("NewElection(%q): %v", name, err)
+			}
+			return conformance.AsCandidate[*Grant](e), f
+		},
+		// Observe follows the lock key with blocking queries, which may
+		// skip to its latest state.
+		ObserveAll: false,
+		Keys:       func(t *testing.T, name string) []string { return keys(t, admin, name) },
 		Delete: func(t *testing.T, key string) {
 			if _, err := admin.KV().Delete(key, nil); err != nil {
 				t.Fatalf("delete %s: %v", key, err)

@@ -81,8 +81,25 @@
 // every 5 s for that); its context is cancelled first, at the session's safe
 // deadline, when the session ends by its TTL.
 //
+// # Elections
+//
+// An [Election] on name is Consul's documented leader-election pattern: the
+// leader is the session that holds "<name>/.lock" (api.Lock's flags), and
+// the key's value is the leader's proposal, so api.Lock and `consul lock`
+// exclude holdfast candidates and anyone who reads the key sees the leader.
+// Candidates wait in the Mutex's FIFO queue; the head takes the key when it
+// is free, right when the previous holder's lock-delay ends (to the
+// millisecond, not on api.Lock's 5 s retry). Campaign returns the
+// leadership as a *Grant (term = the ModifyIndex of the acquiring write,
+// which creates the key anew so that the term stays readable as its
+// CreateIndex); Resign deletes the key, guarded; Proclaim rewrites the value
+// while our session holds the key; Leader and Observe (blocking queries on
+// the key: it may coalesce rapid changes) report the leader, its value and
+// term, or "no leader" when the key is free or absent. leader.Run drives an
+// Election in a loop.
+//
 // Errors wrap the sentinels of package holdfast: ErrInvalidArgument
-// (returned before any request), ErrLocked, ErrNotHeld, ErrLost,
+// (returned before any request), ErrLocked, ErrNotHeld, ErrLost, ErrNoLeader,
 // ErrSessionLost, ErrSessionClosed, ErrConflict and ErrPermissionDenied (an
 // ACL refused a request).
 package consul

@@ -60,6 +60,9 @@ type Grant struct {
 	// key's ModifyIndex as we last saw it.
 	next  []waiter
 	index uint64
+	// plain: an election's grant, released by a guarded delete, never
+	// handed over (the lock key's value is the leader's).
+	plain bool
 }
 
 var _ holdfast.Grant = (*Grant)(nil)
@@ -199,7 +202,7 @@ var errStale = errors.New("the lock key or its next waiter changed")
 func (g *Grant) release(ctx context.Context) error {
 	s := g.m.s
 	var err error
-	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+	if !g.plain && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 		err = g.handOver(ctx)
 		for i := 0; i < 3 && errors.Is(err, errStale); i++ {
 			if err = g.refresh(ctx); err == nil {

@@ -115,7 +115,10 @@ func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, f
 // as after Lock).
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
 
-func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
+func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) { return m.acquire(ctx, try, nil) }
+
+// acquire is Lock and TryLock, and with el an election's Campaign.
+func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
@@ -132,7 +135,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	defer end()
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
-	a := &acquisition{m: m, ctx: ctx, wctx: wctx}
+	a := &acquisition{m: m, ctx: ctx, wctx: wctx, el: el}
 
 	var free func()
 	if try {
@@ -162,14 +165,17 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 		}
 		return nil, a.fail(err)
 	}
-	return m.grant(token, a.next, free)
+	if el != nil {
+		a.next = nil // an election's grant hands nothing over
+	}
+	return m.grant(token, a.next, free, el != nil)
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the
 // session's. next is whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
-func (m *Mutex) grant(token uint64, next []waiter, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token}
+func (m *Mutex) grant(token uint64, next []waiter, free func(), plain bool) (*Grant, error) {
+	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token, plain: plain}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

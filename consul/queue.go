@@ -79,6 +79,7 @@ type acquisition struct {
 	m    *Mutex
 	ctx  context.Context // the caller's
 	wctx context.Context // ends with ctx or with the session
+	el   *campaign       // an election's campaign, else nil (see campaign)
 
 	// left is set once something of ours may be in Consul: a queue key, or
 	// the lock key (an acquire of unknown outcome, a handoff to us). On
@@ -179,6 +180,9 @@ func (a *acquisition) wait(v view) (uint64, error) {
 			return 0, err
 		}
 		if a.handedToUs(v.lock) {
+			if a.el != nil {
+				return a.retake() // from a Mutex on the same name
+			}
 			return a.acceptHandoff(v)
 		}
 		a.dropDead(v.dead)
@@ -277,6 +281,8 @@ func (a *acquisition) acceptHandoff(v view) (uint64, error) {
 func (a *acquisition) mustAnnounce(v view) bool {
 	val := string(v.lock.Value)
 	switch {
+	case a.el != nil: // an election's value is the leader's: never written by others
+		return false
 	case val == valueTaken:
 		return v.me.CreateIndex > v.lock.ModifyIndex
 	case strings.HasPrefix(val, valueNext):
@@ -356,12 +362,19 @@ func (a *acquisition) delayLeft() time.Duration {
 func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 	m := a.m
 	ops := make(api.TxnOps, 0, 4)
-	if seen == nil {
+	value := []byte(valueTaken)
+	switch {
+	case seen == nil:
 		ops = append(ops, kvOp(api.KVCheckNotExists, m.lockKey))
-	} else {
+	case a.el != nil: // the lock key is created anew: see campaign
+		ops = append(ops, deleteCAS(m.lockKey, seen.ModifyIndex))
+	default:
 		ops = append(ops, checkIndex(m.lockKey, seen.ModifyIndex))
 	}
-	ops = append(ops, lockOp(m.lockKey, m.s.id, []byte(valueTaken)))
+	if a.el != nil {
+		value = a.el.value
+	}
+	ops = append(ops, lockOp(m.lockKey, m.s.id, value))
 	if a.queueIndex != 0 {
 		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
 	}

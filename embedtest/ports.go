@@ -123,3 +123,10 @@ func isAddrInUse(err error) bool {
 	return err != nil && (errors.Is(err, syscall.EADDRINUSE) ||
 		strings.Contains(err.Error(), "address already in use"))
 }
+
+// FreePorts returns n distinct loopback TCP ports, below the ephemeral
+// range, that were free when probed and that no other server started by
+// this process gets: for a server a test starts by other means (a child
+// process, say). Another process can still take one before the server
+// binds it.
+func FreePorts(n int) ([]int, error) { return freePorts(n, false) }

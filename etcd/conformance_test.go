@@ -15,58 +15,91 @@ import (
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/leader"
 )
 
 const conformanceTTL = 3 * time.Second
 
+// conformanceSession returns a session of its own, with a client of its
+// own that reaches every member through its own fault proxy, as a separate
+// process would, and the faults that act on them.
+func conformanceSession(t *testing.T, c *embedtest.Cluster) (*etcd.Session, conformance.Faults) {
+	var proxies []*embedtest.Proxy
+	var eps []string
+	for i := range c.Size() {
+		p := embedtest.StartProxy(t, hostPort(t, c.Endpoint(i)))
+		proxies = append(proxies, p)
+		eps = append(eps, p.URL())
+	}
+	var requests atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		requests.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli := c.Client(t, func(cfg *clientv3.Config) {
+		cfg.Endpoints = eps
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(count))
+	})
+	s, err := etcd.NewSession(context.Background(), cli, etcd.WithTTL(conformanceTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	all := func(f func(*embedtest.Proxy)) func() {
+		return func() {
+			for _, p := range proxies {
+				f(p)
+			}
+		}
+	}
+	t.Cleanup(all((*embedtest.Proxy).Mend)) // before the session closes
+	admin := c.Client(t)
+	return s, conformance.Faults{
+		Kill: func() {
+			if _, err := admin.Revoke(context.Background(), s.Lease()); err != nil {
+				t.Errorf("revoke lease: %v", err)
+			}
+		},
+		Cut:      all((*embedtest.Proxy).Blackhole),
+		Freeze:   all((*embedtest.Proxy).Pause),
+		Mend:     all((*embedtest.Proxy).Mend),
+		Close:    func() { _ = s.Close() },
+		Requests: requests.Load,
+	}
+}
+
 func backend(c *embedtest.Cluster) conformance.Backend {
 	return conformance.Backend{
 		NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
-			// Each locker has its own client and session, as a separate
-			// process would, talking to every member through a fault proxy.
-			var proxies []*embedtest.Proxy
-			var eps []string
-			for i := range c.Size() {
-				p := embedtest.StartProxy(t, hostPort(t, c.Endpoint(i)))
-				proxies = append(proxies, p)
-				eps = append(eps, p.URL())
-			}
-			var requests atomic.Int64
-			count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				requests.Add(1)
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}
-			cli := c.Client(t, func(cfg *clientv3.Config) {
-				cfg.Endpoints = eps
-				cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(count))
-			})
-			s, err := etcd.NewSession(context.Background(), cli, etcd.WithTTL(conformanceTTL))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s.Close() })
-			all := func(f func(*embedtest.Proxy)) func() {
-				return func() {
-					for _, p := range proxies {
-						f(p)
-					}
-				}
-			}
-			t.Cleanup(all((*embedtest.Proxy).Mend)) // before the session closes
-			admin := c.Client(t)
-			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), conformance.Faults{
-				Kill: func() {
-					if _, err := admin.Revoke(context.Background(), s.Lease()); err != nil {
-						t.Errorf("revoke lease: %v", err)
-					}
-				},
-				Cut:      all((*embedtest.Proxy).Blackhole),
-				Freeze:   all((*embedtest.Proxy).Pause),
-				Mend:     all((*embedtest.Proxy).Mend),
-				Close:    func() { _ = s.Close() },
-				Requests: requests.Load,
-			}
+			s, f := conformanceSession(t, c)
+			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), f
 		},
+		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			sem, err := etcd.NewSemaphore(s, name, limit)
+			if err != nil {
+				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
+			}
+			return holdfast.AsLocker[*etcd.Grant](sem), f
+		},
+		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			rw, err := etcd.NewRWMutex(s, name)
+			if err != nil {
+				t.Fatalf("NewRWMutex(%q): %v", name, err)
+			}
+			return conformance.AsRWLocker[*etcd.Grant](rw), f
+		},
+		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			e, err := etcd.NewElection(s, name)
+			if err != nil {
+				t.Fatalf("NewElection(%q): %v", name, err)
+			}
+			return conformance.AsCandidate[*etcd.Grant](e), f
+		},
+		// Observe delivers every leader, in order, however slow the reader.
+		ObserveAll: true,
 		Keys: func(t *testing.T, name string) []string {
 			cli := c.Client(t)
 			resp, err := cli.Get(context.Background(), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())

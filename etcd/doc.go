@@ -9,6 +9,29 @@
 // `etcdctl lock <name>` and concurrency.NewMutex(session, name) exclude
 // holdfast on the same name, and the other way round.
 //
+// A Semaphore admits at most N holders of a name at once, with the same
+// layout (each contender's key carries the limit, so clients that disagree
+// on it get holdfast.ErrConflict instead of over-admission). A RWMutex is a
+// FIFO read-write lock with the layout of etcd's recipe.RWMutex ("<name>/read/..."
+// and "<name>/write/..."), which it excludes and is excluded by; a write
+// grant can be downgraded to a read grant in place. Their permits and
+// grants are the same *Grant as a Mutex's (token, guarded Txn, loss
+// notice). Their waiters are woken by one watch of the name's prefix,
+// opened before they join, so an acquisition costs two requests whatever
+// the number of contenders. A Mutex, a Semaphore and a RWMutex may not
+// share a name: whoever comes second gets holdfast.ErrConflict.
+//
+// An [Election] has the key layout of concurrency.Election (candidates'
+// keys "<name>/<lease ID in hex>" with the proposal as value, the leader
+// being the lowest create revision), so `etcdctl elect <name>` and
+// concurrency.NewElection(session, name) campaign in the same queue and see
+// the same leader. Campaign waits with the Mutex's algorithm (re-checking
+// its own key, cleaning up on every error) and returns the leadership as a
+// *Grant whose token is the term; Resign, a guarded Proclaim, Leader (an
+// error wrapping holdfast.ErrNoLeader when there is none) and Observe, which
+// delivers every leader in order, "no leader" included. leader.Run drives
+// an Election in a loop.
+//
 // What holdfast adds over the concurrency recipe:
 //
 //   - a fencing token on every grant: the create revision of the holder's key;

@@ -143,3 +143,75 @@ func ExampleMutex_TryLock() {
 	// first: <nil>
 	// second locked: true
 }
+
+// At most 2 workers of the fleet at once: each process takes a permit
+// through its own session (one permit per session and name at a time).
+func ExampleSemaphore() {
+	_, cli, stop := startEtcd()
+	defer stop()
+	ctx := context.Background()
+
+	var permits []*etcd.Grant
+	for i := range 3 {
+		s, err := etcd.NewSession(ctx, cli) // in real code, one per process
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		sem, err := etcd.NewSemaphore(s, "jobs/encoders", 2)
+		if err != nil {
+			log.Fatal(err)
+		}
+		g, err := sem.TryLock(ctx) // Lock would wait for a permit
+		if err != nil {
+			fmt.Printf("worker %d: full: %v\n", i, errors.Is(err, holdfast.ErrLocked))
+			continue
+		}
+		// Work under g.Context(), fenced with g.Token(); Unlock when done.
+		fmt.Printf("worker %d: permit\n", i)
+		permits = append(permits, g)
+	}
+	for _, g := range permits {
+		_ = g.Unlock(ctx)
+	}
+	// Output:
+	// worker 0: permit
+	// worker 1: permit
+	// worker 2: full: true
+}
+
+// Readers share the lock; a writer excludes everyone; a writer can
+// downgrade to a reader without letting another writer in.
+func ExampleRWMutex() {
+	_, cli, stop := startEtcd()
+	defer stop()
+	ctx := context.Background()
+
+	s1, _ := etcd.NewSession(ctx, cli)
+	defer s1.Close()
+	s2, _ := etcd.NewSession(ctx, cli)
+	defer s2.Close()
+	rw1, _ := etcd.NewRWMutex(s1, "config/routes")
+	rw2, _ := etcd.NewRWMutex(s2, "config/routes")
+
+	w, err := rw1.Lock(ctx) // write: rebuild the routes
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = rw2.TryRLock(ctx)
+	fmt.Println("reader while writing:", errors.Is(err, holdfast.ErrLocked))
+
+	r, err := rw1.Downgrade(ctx, w) // keep reading what we wrote
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("same token:", r.Token() == w.Token())
+	r2, err := rw2.TryRLock(ctx)
+	fmt.Println("reader beside the downgraded writer:", err)
+	_ = r2.Unlock(ctx)
+	_ = r.Unlock(ctx)
+	// Output:
+	// reader while writing: true
+	// same token: true
+	// reader beside the downgraded writer: <nil>
+}

@@ -18,3 +18,22 @@ func BreakWatch(s *Session) {
 		cancel()
 	}
 }
+
+// ObserveFromOnce makes the next watch of an Observe start from revision
+// from (a compacted one, say), and the later ones as usual. It returns a
+// function that reports whether the hook was used. Call it before the
+// Observe (the hook stays, delegating to the usual behaviour once used, so
+// that no running Observe races with a restore).
+func ObserveFromOnce(from int64) (restore func() bool) {
+	orig := observeFrom
+	used := make(chan struct{}, 1)
+	observeFrom = func(rev int64) int64 {
+		select {
+		case used <- struct{}{}:
+			return from
+		default:
+			return orig(rev)
+		}
+	}
+	return func() bool { return len(used) == 1 }
+}

@@ -25,6 +25,11 @@ type Grant struct {
 	pfx  string // the lock's prefix, "<name>/": Txn may not touch it
 	rev  int64  // create revision of the key
 
+	// Semaphores and read-write locks (see newGrant and RWMutex.Downgrade).
+	free func()        // frees the session's slot of the name, once the grant has ended
+	also []clientv3.Op // run with the release, whether or not the key is still ours
+	rw   *RWMutex      // the lock of a write grant, which may be downgraded
+
 	// Owned by the session's watcher (under its mutex).
 	watchID   int64
 	from      int64 // revision to watch the key from
@@ -138,7 +143,7 @@ func (g *Grant) release(ctx context.Context) error {
 	if !mutant.On("etcd/release-guard") {
 		txn = txn.If(g.Guard())
 	}
-	resp, err := txn.Then(clientv3.OpDelete(g.Key())).Commit()
+	resp, err := txn.Then(append([]clientv3.Op{clientv3.OpDelete(g.Key())}, g.also...)...).Else(g.also...).Commit()
 	if err != nil {
 		return storeErr(err)
 	}

@@ -25,9 +25,10 @@ import (
 // One acquisition at a time may use a queue (its key is fixed per session):
 // callers hold the session's name slot.
 type queue struct {
-	s   *Session
-	pfx string // "<name>/"
-	key string // pfx + lease ID in hex
+	s     *Session
+	pfx   string // "<name>/"
+	key   string // pfx + lease ID in hex (the RW lock's keys add "read/" or "write/")
+	value string // our key's value: "" for the mutex; a semaphore's keys carry its limit
 }
 
 func newQueue(s *Session, pfx string) queue {
@@ -48,14 +49,15 @@ type ahead struct {
 // caller cleans up with rev 0.
 func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
-	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all).Commit()
+	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...) // with its value: a semaphore's?
+	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all, head).Commit()
 	if err != nil {
 		return 0, err
 	}
 	if !resp.Succeeded {
-		if err := q.conflict(resp.Responses[0].GetResponseRange().GetKvs()...); err != nil {
+		if err := q.conflict(append(resp.Responses[0].GetResponseRange().GetKvs(), first(resp.Responses[1]))...); err != nil {
 			return 0, err
 		}
 		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])
@@ -88,7 +90,7 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	last := clientv3.OpGet(q.pfx, clientv3.WithLastCreate()...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
-	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
 	resp, err := q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
 	if err != nil {
@@ -104,6 +106,12 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 			return 0, errors.New("own key vanished")
 		}
 		rev = mine.CreateRevision
+		if string(mine.Value) != q.value { // publish our value, as concurrency.Election does
+			put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+			if _, err := q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).Then(put).Commit(); err != nil {
+				return rev, err // else read checks that our key is still ours
+			}
+		}
 		if a, err = q.read(ctx, rev); err != nil {
 			return rev, err
 		}
@@ -123,13 +131,18 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 
 // conflict returns an error wrapping holdfast.ErrConflict if one of kvs is
 // not a contender's key "<prefix><lease hex>" but a key of a longer name
-// ("<prefix>b/..."): a lock's name may not be a prefix of another lock's. A
-// waiter meets every older key under the prefix as its predecessor before
-// it can hold, so checking the keys ahead is enough.
+// ("<prefix>b/...", which is also the shape of a read-write lock's keys):
+// a lock's name may not be a prefix of another lock's. A key carrying a
+// semaphore's limit is a conflict too: a lock and a semaphore may not share
+// a name. A waiter meets every older key under the prefix as its
+// predecessor before it can hold, so checking the keys ahead is enough.
 func (q queue) conflict(kvs ...*mvccpb.KeyValue) error {
 	for _, kv := range kvs {
 		if kv != nil && strings.Contains(string(kv.Key[len(q.pfx):]), "/") {
-			return fmt.Errorf("%w: %s holds %s, a key of a longer name: a lock's name may not be a prefix of another's", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key)
+			return fmt.Errorf("%w: %s holds %s, a key of a longer name or of a read-write lock: a lock's name may not be a prefix of another's", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key)
+		}
+		if kv != nil && strings.HasPrefix(string(kv.Value), semValuePrefix) {
+			return fmt.Errorf("%w: %s is a semaphore (%s has value %q): a lock and a semaphore may not share a name", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key, kv.Value)
 		}
 	}
 	return nil
@@ -203,22 +216,33 @@ func same(a, b *mvccpb.KeyValue) bool {
 func (q queue) read(ctx context.Context, rev int64) (ahead, error) {
 	last := clientv3.OpGet(q.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
+	resp, err := q.check(ctx, rev, last, head)
+	if err != nil {
+		return ahead{}, err
+	}
+	return ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
+}
+
+// check runs ops in one Txn that succeeds only if our key still has create
+// revision rev, and fails with an error wrapping holdfast.ErrLost if it does
+// not. Transport errors are retried until ctx ends.
+func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	txn := q.s.client.Txn(ctx)
 	if !mutant.On("etcd/recheck-own-key") {
 		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 	}
-	txn = txn.Then(last, head)
+	txn = txn.Then(ops...)
 	pause := 20 * time.Millisecond
 	for {
 		resp, err := txn.Commit()
 		if err == nil {
 			if !resp.Succeeded {
-				return ahead{}, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
+				return nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
 			}
-			return ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
+			return resp, nil
 		}
 		if err = storeErr(err); ctx.Err() != nil || core.Final(err) {
-			return ahead{}, err
+			return nil, err
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -226,7 +250,7 @@ func (q queue) read(ctx context.Context, rev int64) (ahead, error) {
 			pause = min(2*pause, time.Second)
 		case <-ctx.Done():
 			t.Stop()
-			return ahead{}, err
+			return nil, err
 		}
 	}
 }
@@ -271,7 +295,9 @@ const lateJoinWatch = 30 * time.Second
 // acquisition of ours uses: a stale waiter that would stop the queue behind
 // it. For a while (lateJoinWatch, or until the session ends) the session
 // watches the key, and removes such a key if no acquisition or grant of
-// this session is using the name at that moment.
+// this session is using the name at that moment, or if the one that does
+// uses the name's other key (a read-write lock's reader and writer keys
+// differ).
 func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 	ctx, cancel := context.WithTimeout(ctx, lateJoinWatch)
 	defer cancel()
@@ -280,7 +306,12 @@ func (q queue) sweepLateJoin(ctx context.Context, deleted int64) {
 		for _, ev := range wr.Events {
 			free, ok := q.s.names.TryAcquire(name)
 			if !ok {
-				return // an acquisition of ours uses the key now: it is its own
+				if k, found := q.s.using.Load(name); !found || k.(string) == q.key {
+					return // an acquisition of ours uses the key now: it is its own
+				}
+				// The acquisition uses the name's other key (a read-write
+				// lock has two): this one is stale, and may be ahead of it.
+				free = func() {}
 			}
 			_, _ = q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", ev.Kv.CreateRevision)).
 				Then(clientv3.OpDelete(q.key)).Commit()
@@ -296,4 +327,258 @@ func first(op *pb.ResponseOp) *mvccpb.KeyValue {
 		return nil
 	}
 	return r.Kvs[0]
+}
+
+// Counting waiters: the semaphore and the read-write lock.
+//
+// A counting waiter holds when fewer than limit keys that block it were
+// created before its own (a semaphore's permit: any key; a writer: any key,
+// limit 1; a reader: writers, limit 1). Its waiting is driven by one watch
+// of the whole prefix, opened BEFORE the join so that no event after the
+// join can be missed, and started at the server's current revision, so that
+// the server serves it at once (see wait for the 100 ms stall of watches
+// from a past revision):
+//
+//  1. Watch the prefix (deletions with their previous value; the reader
+//     also needs puts) and wait until the server confirms the watch.
+//  2. Join: one Txn puts our key (if absent) and, before the put, counts
+//     the keys that block us (all of them are ahead of us then). Fewer than
+//     limit: we hold. A join whose outcome is unknown (transport error) is
+//     sent again: if the first one put our key, the second reuses it.
+//  3. Wait: every event after the join that removes a key created before
+//     ours (its previous value's create revision is below ours) lowers the
+//     count (the counter says which events count); when it drops below
+//     limit, we hold. The watch also covers our own key, and its events come
+//     in revision order: if our key was deleted (lease revoked, key
+//     removed), we see that before any event that would let us hold, and
+//     fail with holdfast.ErrLost. That is the own-key re-check, at the
+//     revision of the event that lets us in, and it costs no request.
+//  4. If the watch breaks (our member lost its leader, say) or an event
+//     cannot be classified, open a new watch (step 1) and recount in one Txn
+//     that also checks that our key still has its create revision.
+//  5. Cleanup as for the mutex (queue.cleanup), by the caller.
+//
+// So an acquisition costs two requests (the join, and the release) however
+// many contenders there are; waiting costs none, but every waiter is sent
+// every deletion under the prefix (watch notifications on its stream, not
+// requests), so the server's work per release grows with the number of
+// waiters.
+
+// counter says what blocks one counting acquisition.
+type counter interface {
+	// limit: we hold when fewer keys than this block us.
+	limit() int
+	// watchOpts filters the prefix watch (deletions only, unless the
+	// counter needs puts too).
+	watchOpts() []clientv3.OpOption
+	// joinOps are the reads of the join Txn, run before our put (so every
+	// key they see was created before ours), and joinCount reads their
+	// answers: the number of keys that block us, or an error (a conflict).
+	joinOps() []clientv3.Op
+	joinCount(rs []*pb.ResponseOp) (int, error)
+	// recountOps and recount do the same for a key of create revision rev
+	// that already exists (a reused key, or after a watch broke).
+	recountOps(rev int64) []clientv3.Op
+	recount(rs []*pb.ResponseOp, rev int64) (int, error)
+	// event returns by how much ev (which comes after the count) lowers the
+	// count of a waiter of create revision rev, or unsure: recount.
+	event(ev *clientv3.Event, rev int64) (dec int, unsure bool)
+	// mismatch is the error for a key under the prefix whose value is not
+	// ours (only for queues whose keys carry a value).
+	mismatch(kv *mvccpb.KeyValue) error
+}
+
+// notJoined is the revision returned by a failed counting acquisition that
+// wrote nothing: the caller has nothing to clean up.
+const notJoined = -1
+
+// conflictScan bounds how many keys a refused join reads to name the one
+// whose value differs from ours.
+const conflictScan = 256
+
+// acquireCounted is the counting waiters' algorithm (see above). It returns
+// the create revision of our key once we hold, or an error and what the
+// caller must clean up (rev 0: our key may or may not exist; notJoined:
+// nothing was written).
+func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err error) {
+	wch, stop, err := q.watchNow(ctx, c)
+	if err != nil {
+		return notJoined, err
+	}
+	defer func() { stop() }()
+	var n int
+	var seen int64
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		rev, n, seen, err = q.joinCounted(ctx, c)
+		if err == nil {
+			break
+		}
+		if rev != 0 || ctx.Err() != nil || core.Final(storeErr(err)) {
+			return rev, err
+		}
+		// A transport error (or the server's "request timed out"): the join
+		// may have applied. Join again: the absent-key compare makes the
+		// second join reuse our key if the first one put it, and a first
+		// join that lands late writes nothing.
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, err
+		}
+	}
+	for {
+		if n < c.limit() {
+			return rev, nil
+		}
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-wch:
+		case <-ctx.Done():
+			return rev, ctx.Err()
+		}
+		recount := !ok || wr.Canceled || wr.Err() != nil
+		for _, ev := range wr.Events {
+			if ev.Kv.ModRevision <= seen {
+				continue // already counted
+			}
+			if string(ev.Kv.Key) == q.key && ev.Type == mvccpb.DELETE && !mutant.On("etcd/semaphore-own-key") {
+				return rev, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
+			}
+			dec, unsure := c.event(ev, rev)
+			n -= dec
+			recount = recount || unsure
+		}
+		if !recount {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return rev, err
+		}
+		if !ok || wr.Canceled || wr.Err() != nil {
+			stop()
+			if wch, stop, err = q.watchNow(ctx, c); err != nil {
+				return rev, err
+			}
+		}
+		resp, err := q.check(ctx, rev, c.recountOps(rev)...)
+		if err != nil {
+			return rev, err
+		}
+		if n, err = c.recount(resp.Responses, rev); err != nil {
+			return rev, err
+		}
+		seen = resp.Header.Revision
+	}
+}
+
+// watchNow opens the counting waiter's watch of the prefix from the
+// server's current revision and waits until the server has created it, so
+// that it covers every revision after this call returns. Failures are
+// retried until ctx ends.
+func (q queue) watchNow(ctx context.Context, c counter) (clientv3.WatchChan, func(), error) {
+	opts := append([]clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}, c.watchOpts()...)
+	pause := 20 * time.Millisecond
+	for {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := q.s.client.Watch(wctx, q.pfx, opts...)
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-wch:
+		case <-ctx.Done():
+			cancel()
+			return nil, nil, ctx.Err()
+		}
+		if ok && wr.Created && !wr.Canceled && wr.Err() == nil {
+			return wch, cancel, nil
+		}
+		cancel()
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+			pause = min(2*pause, time.Second)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// joinCounted is step 2: one Txn that puts our key if it is absent and
+// counts, before the put, the keys that block us. It returns our key's
+// create revision, the count and the revision it was read at.
+//
+// If our keys carry a value (a semaphore's limit), the put happens only if
+// every key under the prefix carries the same value, or the prefix is
+// empty; otherwise nothing is written and the error (from
+// counter.mismatch) wraps holdfast.ErrConflict. So keys that disagree never
+// coexist, and no contender counts against a limit other than its own.
+//
+// If our key exists already (left in this session by an abandoned attempt),
+// it is reused, as the mutex does, and counted with a second Txn.
+func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, seen int64, err error) {
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
+	own := clientv3.OpGet(q.key)
+	then := append(c.joinOps(), put)
+	txn := q.s.client.Txn(ctx)
+	if q.value == "" {
+		txn = txn.If(absent).Then(then...).Else(own)
+	} else {
+		cmps := []clientv3.Cmp{absent}
+		if !mutant.On("etcd/semaphore-limit") {
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(q.pfx), "=", q.value).WithPrefix())
+		}
+		// Else: the prefix is empty (a value compare on no key fails), or
+		// our key exists, or a key carries another value.
+		empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
+		others := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithLimit(conflictScan))
+		txn = txn.If(cmps...).Then(then...).Else(clientv3.OpTxn([]clientv3.Cmp{empty}, []clientv3.Op{put}, []clientv3.Op{own, others}))
+	}
+	resp, err := txn.Commit()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if resp.Succeeded {
+		n, err := c.joinCount(resp.Responses[:len(resp.Responses)-1])
+		return resp.Header.Revision, n, resp.Header.Revision, err
+	}
+	rs := resp.Responses
+	if q.value != "" {
+		inner := rs[0].GetResponseTxn()
+		if inner.Succeeded { // the prefix was empty: we hold
+			return resp.Header.Revision, 0, resp.Header.Revision, nil
+		}
+		rs = inner.Responses
+		mine := first(rs[0])
+		var other *mvccpb.KeyValue
+		for _, kv := range rs[1].GetResponseRange().GetKvs() {
+			if string(kv.Value) != q.value {
+				other = kv
+				break
+			}
+		}
+		switch {
+		case mine == nil && other == nil:
+			return notJoined, 0, 0, c.mismatch(nil) // beyond the keys read
+		case mine == nil:
+			return notJoined, 0, 0, c.mismatch(other)
+		case other != nil:
+			return mine.CreateRevision, 0, 0, c.mismatch(other)
+		}
+	}
+	mine := first(rs[0])
+	if mine == nil {
+		return 0, 0, 0, errors.New("own key vanished")
+	}
+	rev = mine.CreateRevision
+	r, err := q.check(ctx, rev, c.recountOps(rev)...)
+	if err != nil {
+		return rev, 0, 0, err
+	}
+	n, err = c.recount(r.Responses, rev)
+	return rev, n, r.Header.Revision, err
 }

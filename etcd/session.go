@@ -110,6 +110,7 @@ type Session struct {
 	keeper  *core.Keeper
 	bg      *core.Background
 	names   core.Names
+	using   sync.Map // name -> the key its slot's holder uses (semaphores and read-write locks)
 
 	stop      context.CancelFunc
 	renewDone chan struct{}

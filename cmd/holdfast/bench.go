@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,13 @@ Scenarios:
   handoff   8 and 32 contenders, hold 1 ms (handoffs_per_s)
   takeover  a holder's session is destroyed/revoked while a waiter waits
             (Consul: lock-delay 0, 1 s, 15 s; takeover_ms, notice_ms)
+  election  a leader's session is revoked/destroyed while a candidate waits and an
+            observer watches (failover_ms, observe_ms; etcd: concurrency.Election,
+            Consul: api.Lock with the proposal as value)
+  semaphore a counting semaphore (--limit, default 4), 8 and 32 contenders,
+            hold 0 and 1 ms (Consul: api.Semaphore side by side; etcd:
+            holdfast alone, no native recipe); violations count moments
+            with more than limit holders
   all       all three (about 3 minutes on Consul, 1 minute on etcd)
 
 Output: an aligned table and one ratio line (holdfast/native) per setting, or
@@ -38,7 +46,8 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore or all")
+	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "warm-up before each contended row's window")
@@ -59,6 +68,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			Warmup:   *warmup,
 			TTL:      *ttl,
 			Repeats:  *repeats,
+			Limit:    *limit,
 			Log:      e.stderr,
 		}
 		if *duration <= 0 {
@@ -66,6 +76,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		if *warmup < 0 {
 			return usagef("--warmup must not be negative")
+		}
+		if *limit < 1 || *limit > 1024 {
+			return usagef("--limit must be between 1 and 1024")
 		}
 		if *repeats < 0 {
 			return usagef("--repeats must not be negative")
@@ -87,9 +100,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--lock-delays: %v", err)
 		}
 		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioAll:
+		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
 		default:
-			return usagef("--scenario must be lock, handoff, takeover or all, not %q", *scenario)
+			return usagef("--scenario must be lock, handoff, takeover, election, semaphore or all, not %q", *scenario)
 		}
 		switch *backend {
 		case "etcd":
@@ -146,7 +159,11 @@ func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, er
 	switch backend {
 	case "etcd":
 		if endpoints != "" {
-			return bench.DialEtcd(splitList(endpoints))
+			eps, err := endpointList("--endpoints", endpoints)
+			if err != nil {
+				return nil, err
+			}
+			return bench.DialEtcd(eps)
 		}
 		fmt.Fprintln(e.stderr, "bench: starting an embedded etcd (1 member, temporary directory)")
 		t, err := bench.StartEtcd()
@@ -167,14 +184,26 @@ func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, er
 	}
 }
 
+// splitList splits a comma-separated list, keeping empty items (as in
+// "1,,2"), which every parser of a list refuses.
 func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	out := strings.Split(s, ",")
+	for i := range out {
+		out[i] = strings.TrimSpace(out[i])
 	}
 	return out
+}
+
+// endpointList splits a list of endpoints, refusing empty items.
+func endpointList(flag, s string) ([]string, error) {
+	eps := splitList(s)
+	if len(eps) == 0 || slices.Contains(eps, "") {
+		return nil, usagef("%s %q: want a comma-separated list of host:port (or URLs), none empty", flag, s)
+	}
+	return eps, nil
 }
 
 func parseInts(s string) ([]int, error) {

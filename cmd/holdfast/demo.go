@@ -37,7 +37,9 @@ token, the resource rejects it.
 
 Prints a timeline (ms since the workers started) and a summary line. Exits 0
 if no two grants overlapped and the stale write was rejected, 1 otherwise.
-Needs no flags and no server; takes about 5 seconds.`,
+Act 2: three processes' semaphore.Groups share one etcd Semaphore of limit 2
+and never run more than 2 jobs at once (demo_semaphore.go).
+Needs no flags and no server; takes about 6 seconds.`,
 	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		return func(ctx context.Context, e *env, args []string) error {
 			if len(args) > 0 {
@@ -49,6 +51,9 @@ Needs no flags and no server; takes about 5 seconds.`,
 			}
 			if !res.ok() {
 				return fmt.Errorf("demo failed: overlaps=%d stale_writes_rejected=%d", res.Overlaps, res.StaleRejected)
+			}
+			if act, err := runElectionAct(ctx, e.stdout, defaultElectionAct); err != nil || !act.ok(defaultElectionAct) {
+				return fmt.Errorf("demo act 3 (election) failed: %v %+v", err, act)
 			}
 			return nil
 		}
@@ -328,6 +333,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult,
 	fmt.Fprintf(out, "summary: grants=%d overlaps=%d stale_writes_rejected=%d writes_ok=%d\n", res.Grants, res.Overlaps, res.StaleRejected, res.WritesOK)
 	if timedOut && res.StaleRejected == 0 {
 		return res, fmt.Errorf("demo did not finish within %v", o.Timeout)
+	}
+	if err := runSemaphoreAct(ctx, out, cluster); err != nil {
+		return res, err
 	}
 	return res, nil
 }

@@ -1,18 +1,28 @@
-// Command holdfast is the holdfast command-line tool.
+// Command holdfast is the holdfast command-line tool: run a command under a
+// lock, a semaphore permit or leadership, watch who holds what, and try
+// holdfast locally.
 //
 // Usage:
 //
-//	holdfast <command> [flags]
+//	holdfast <command> [flags] [arguments]
 //
 // Commands:
 //
-//	demo    show fencing at work: a paused holder's stale write is rejected
-//	bench   benchmark holdfast's locks against the stores' native recipes
-//	help    show help for a command
+//	lock       run a command while holding a lock (or one of N permits)
+//	elect      run a command while leader of an election, or watch an election
+//	status     show who holds and who waits for a lock, a semaphore or an election
+//	dev        run an embedded one-node etcd on 127.0.0.1 for local development
+//	demo       show fencing at work: a paused holder's stale write is rejected
+//	bench      benchmark holdfast's locks against the stores' native recipes
+//	soak       run the safety suite under injected faults for as long as asked
+//	version    print the version
+//	completion generate a shell completion script (bash, zsh, fish, powershell)
+//	help       show help for a command
 //
 // Run "holdfast help <command>" for a command's flags. Exit status: 0 on
 // success, 1 when a command fails (including a benchmark that saw a
-// violation or an error), 2 on bad usage.
+// violation or an error), 2 on bad usage; lock and elect document their own
+// statuses (the command's status, 122 lost, 124 not acquired, 125 failed...).
 package main
 
 import (
@@ -23,7 +33,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // command is one subcommand. To add one, write its run function and add it
@@ -31,11 +45,15 @@ import (
 type command struct {
 	name    string
 	summary string
-	// usage is printed above the flag defaults by "help <name>".
+	// usage is the help text: "usage: holdfast <name> <synopsis>", more
+	// synopsis lines, a blank line, then the description.
 	usage string
 	// flags declares the command's flags on fs and returns the function
-	// that runs it with the parsed flags and the remaining arguments.
+	// that runs it with the parsed flags and the positional arguments.
 	flags func(fs *flag.FlagSet) func(ctx context.Context, env *env, args []string) error
+	// ownSignals: the command handles SIGINT and SIGTERM itself (it passes
+	// them on to a child); other commands' context is cancelled by them.
+	ownSignals bool
 }
 
 // env is what a command may use of its surroundings; tests replace it.
@@ -55,117 +73,130 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{demoCommand, benchCommand, {
-		name:    "help",
-		summary: "show help for a command",
-		usage:   "holdfast help [command]",
-	}}
-}
-
-func lookup(name string) *command {
-	for _, c := range commands {
-		if c.name == name {
-			return c
-		}
-	}
-	return nil
+	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
-	stop()
-	os.Exit(code)
+	os.Exit(run(context.Background(), &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
+}
+
+// newRoot builds the command tree (github.com/spf13/cobra, which also gives
+// help and shell completion) over commands; each command's flags are
+// declared on a flag.FlagSet and handed to cobra's parser.
+func newRoot(ctx context.Context, e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "holdfast",
+		Short: "distributed locks, semaphores and elections over etcd and Consul, with fencing tokens",
+		Long: `holdfast: distributed locks, semaphores and leader election over etcd and
+Consul, with fencing tokens, in the native key layouts (etcdctl lock/elect,
+consul lock).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_ = cmd.Usage()
+			return exitError{code: 2}
+		},
+	}
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
+	for _, c := range commands {
+		fs := flag.NewFlagSet("holdfast "+c.name, flag.ContinueOnError)
+		runFn := c.flags(fs)
+		use, long := splitUsage(c)
+		cc := &cobra.Command{
+			Use:   use,
+			Short: c.summary,
+			Long:  long,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				ctx := cmd.Context()
+				if !c.ownSignals {
+					var stop context.CancelFunc
+					ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+					defer stop()
+				}
+				return runFn(ctx, e, args)
+			},
+		}
+		cc.Flags().AddGoFlagSet(fs)
+		cc.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.DefValue == "0s" || f.DefValue == "-1ns" { // "unset": the usage says the default
+				f.DefValue = ""
+			}
+		})
+		root.AddCommand(cc)
+	}
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [command]",
+		Short: "show help for a command",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return root.Help()
+			}
+			target, rest, err := root.Find(args)
+			if err != nil || target == root || len(rest) > 0 {
+				fmt.Fprintf(e.stderr, "holdfast help: unknown command %q\n\n", strings.Join(args, " "))
+				root.SetOut(e.stderr)
+				_ = root.Usage()
+				return exitError{code: 2}
+			}
+			return target.Help()
+		},
+	})
+	root.SetContext(ctx)
+	return root
+}
+
+// splitUsage turns a command's usage text into cobra's Use line and Long
+// description (further synopsis lines lead the description).
+func splitUsage(c *command) (use, long string) {
+	synopsis, desc, _ := strings.Cut(c.usage, "\n\n")
+	lines := strings.Split(synopsis, "\n")
+	use = strings.TrimPrefix(strings.TrimSpace(lines[0]), "usage: holdfast ")
+	var more []string
+	for _, l := range lines[1:] {
+		more = append(more, "  "+strings.TrimPrefix(strings.TrimSpace(l), "holdfast "))
+	}
+	long = c.summary
+	if len(more) > 0 {
+		long += "\n\nAlso:\n  holdfast " + strings.Join(more, "\n  holdfast ")
+	}
+	if desc != "" {
+		long += "\n\n" + desc
+	}
+	return use, long
 }
 
 // run runs the command line args and returns the exit status.
 func run(ctx context.Context, e *env, args []string) int {
-	if len(args) == 0 {
-		printUsage(e.stderr)
-		return 2
+	root := newRoot(ctx, e)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	name := "holdfast"
+	if cmd != nil && cmd != root {
+		name = "holdfast " + cmd.Name()
 	}
-	name, args := args[0], args[1:]
-	switch name {
-	case "help", "-h", "-help", "--help":
-		return help(e, args)
-	}
-	c := lookup(name)
-	if c == nil || c.flags == nil {
-		fmt.Fprintf(e.stderr, "holdfast: unknown command %q\n\n", name)
-		printUsage(e.stderr)
-		return 2
-	}
-	fs := flag.NewFlagSet("holdfast "+c.name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	runFn := c.flags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printCommandUsage(e.stdout, c)
-			return 0
-		}
-		fmt.Fprintf(e.stderr, "holdfast %s: %v\nRun 'holdfast help %s' for usage.\n", c.name, err, c.name)
-		return 2
-	}
-	err := runFn(ctx, e, fs.Args())
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &ee):
+		if ee.err != nil {
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, ee.err)
+		}
+		return ee.code
 	case errors.As(err, &ue):
-		fmt.Fprintf(e.stderr, "holdfast %s: %v\nRun 'holdfast help %s' for usage.\n", c.name, err, c.name)
+		fmt.Fprintf(e.stderr, "%s: %v\nRun '%s --help' for usage.\n", name, err, name)
+		return 2
+	case strings.HasPrefix(err.Error(), "unknown command"), strings.Contains(err.Error(), "accepts no arguments"):
+		fmt.Fprintf(e.stderr, "holdfast: %v\n\n", err)
+		root.SetOut(e.stderr)
+		_ = root.Usage()
 		return 2
 	default:
-		fmt.Fprintf(e.stderr, "holdfast %s: %v\n", c.name, err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return 1
 	}
-}
-
-func help(e *env, args []string) int {
-	switch len(args) {
-	case 0:
-		printUsage(e.stdout)
-		return 0
-	case 1:
-		c := lookup(args[0])
-		if c == nil {
-			fmt.Fprintf(e.stderr, "holdfast help: unknown command %q\n", args[0])
-			return 2
-		}
-		printCommandUsage(e.stdout, c)
-		return 0
-	default:
-		fmt.Fprintln(e.stderr, "usage: holdfast help [command]")
-		return 2
-	}
-}
-
-func printUsage(w io.Writer) {
-	fmt.Fprintln(w, "holdfast: distributed locks over etcd and Consul, with fencing tokens.")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Usage: holdfast <command> [flags]")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Commands:")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Run 'holdfast help <command>' for a command's flags.")
-}
-
-func printCommandUsage(w io.Writer, c *command) {
-	fmt.Fprintln(w, c.usage)
-	if c.flags == nil {
-		return
-	}
-	fs := flag.NewFlagSet("holdfast "+c.name, flag.ContinueOnError)
-	c.flags(fs)
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n == 0 {
-		return
-	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Flags:")
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }

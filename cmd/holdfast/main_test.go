@@ -58,21 +58,28 @@ func TestUsage(t *testing.T) {
 		code int
 		want string
 	}{
-		{nil, 2, "Usage: holdfast <command>"},
+		{nil, 2, "Available Commands:"},
 		{[]string{"nope"}, 2, `unknown command "nope"`},
 		{[]string{"help"}, 0, "bench"},
 		{[]string{"help", "bench"}, 0, "-contenders"},
-		{[]string{"help", "demo"}, 0, "usage: holdfast demo"},
+		{[]string{"help", "demo"}, 0, "holdfast demo"},
 		{[]string{"help", "nope"}, 2, "unknown command"},
+		{[]string{"help", "nope"}, 2, "lock        run a command"},
 		{[]string{"bench", "-h"}, 0, "-scenario"},
 		{[]string{"demo", "extra"}, 2, "no arguments"},
-		{[]string{"bench", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"bench", "--bogus"}, 2, "unknown flag: --bogus"},
 		{[]string{"bench", "--backend", "redis"}, 2, "--backend must be etcd or consul"},
 		{[]string{"bench", "--scenario", "x"}, 2, "--scenario must be"},
 		{[]string{"bench", "--contenders", "8,x"}, 2, "--contenders"},
 		{[]string{"bench", "--contenders", "0"}, 2, "--contenders"},
+		{[]string{"bench", "--contenders", "1,,2"}, 2, "--contenders"},
+		{[]string{"bench", "--lock-delays", "0,"}, 2, "lock-delay"},
+		{[]string{"lock", "--endpoints", "a,,b", "x", "--", "true"}, 2, "none empty"},
+		{[]string{"status", "--endpoints", ","}, 2, "exactly one NAME"},
+		{[]string{"status", "--endpoints", ",", "x"}, 2, "none empty"},
+		{[]string{"lock", "x", "true", "-rf"}, 2, "unknown shorthand flag"},
 		{[]string{"bench", "--duration", "0s"}, 2, "--duration must be positive"},
-		{[]string{"bench", "--duration", "soon"}, 2, "invalid value"},
+		{[]string{"bench", "--duration", "soon"}, 2, `invalid argument "soon"`},
 		{[]string{"bench", "--hold", "-3"}, 2, "--hold"},
 		{[]string{"bench", "--ttl", "1500ms"}, 2, "--ttl"},
 		{[]string{"bench", "--backend", "consul", "--ttl", "5s"}, 2, "--ttl"},
@@ -86,5 +93,42 @@ func TestUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(got, tc.want) {
 			t.Errorf("holdfast %s: exit %d, want %d; output lacks %q:\n%s", strings.Join(tc.args, " "), code, tc.code, tc.want, got)
 		}
+	}
+}
+
+// TestCompletion: cobra's shell completion scripts, and completion of the
+// command names.
+func TestCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, []string{"completion", shell}); code != 0 || !strings.Contains(stdout.String(), "holdfast") {
+			t.Errorf("completion %s: exit %d, %d bytes; stderr %s", shell, code, stdout.Len(), stderr.String())
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, []string{"__complete", "lo"})
+	if !strings.Contains(stdout.String(), "lock") {
+		t.Errorf("completing \"lo\": %q, want lock", stdout.String())
+	}
+}
+
+// TestEnvDefaults: the store flags default to the natives' variables.
+func TestEnvDefaults(t *testing.T) {
+	t.Setenv("HOLDFAST_ENDPOINTS", "")
+	t.Setenv("ETCDCTL_ENDPOINTS", "10.1.2.3:2379")
+	t.Setenv("CONSUL_HTTP_ADDR", "10.1.2.4:8500")
+	t.Setenv("HOLDFAST_BACKEND", "consul")
+	var stdout, stderr bytes.Buffer
+	run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, []string{"lock", "--help"})
+	for _, want := range []string{`(default "10.1.2.3:2379")`, `(default "10.1.2.4:8500")`, `(default "consul")`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("lock --help lacks %s", want)
+		}
+	}
+	t.Setenv("HOLDFAST_ENDPOINTS", "10.9.9.9:2379")
+	stdout.Reset()
+	run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, []string{"lock", "--help"})
+	if !strings.Contains(stdout.String(), `(default "10.9.9.9:2379")`) {
+		t.Error("HOLDFAST_ENDPOINTS does not take precedence over ETCDCTL_ENDPOINTS")
 	}
 }

@@ -84,7 +84,7 @@ const (
 )
 
 // Scenarios lists the runnable scenarios in the order "all" runs them.
-var Scenarios = []string{ScenarioLock, ScenarioHandoff, ScenarioTakeover}
+var Scenarios = []string{ScenarioLock, ScenarioHandoff, ScenarioTakeover, ScenarioElection}
 
 // Options configure a run. The zero value of a field means its default.
 type Options struct {
@@ -107,6 +107,8 @@ type Options struct {
 	// LockDelays tried by the takeover scenario on Consul. Default 0, 1 s,
 	// 15 s. (etcd has no lock-delay: one setting.)
 	LockDelays []time.Duration
+	// Limit of the semaphore scenario's semaphore. Default 4.
+	Limit int
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 	// OnResult is called with each result as soon as its row is done, and
@@ -141,6 +143,9 @@ func (o Options) Validate() error {
 		if n < 1 || n > 1024 {
 			return fmt.Errorf("%w: contenders must be between 1 and 1024, got %d", ErrUsage, n)
 		}
+	}
+	if o.Limit < 0 || o.Limit > 1024 {
+		return fmt.Errorf("%w: limit must be between 1 and 1024, got %d", ErrUsage, o.Limit)
 	}
 	if o.Duration < 0 || o.Warmup < 0 || o.TTL < 0 || o.Repeats < 0 {
 		return fmt.Errorf("%w: durations and repeats must not be negative", ErrUsage)
@@ -184,16 +189,20 @@ func Run(ctx context.Context, t Target, scenario string, opts Options) (Summary,
 	switch scenario {
 	case ScenarioAll:
 		scenarios = Scenarios
-	case ScenarioLock, ScenarioHandoff, ScenarioTakeover:
+	case ScenarioLock, ScenarioHandoff, ScenarioTakeover, ScenarioElection, ScenarioSemaphore:
 		scenarios = []string{scenario}
 	default:
-		return Summary{}, fmt.Errorf("%w: unknown scenario %q (want lock, handoff, takeover or all)", ErrUsage, scenario)
+		return Summary{}, fmt.Errorf("%w: unknown scenario %q (want lock, handoff, takeover, election, semaphore or all)", ErrUsage, scenario)
 	}
 	r := &runner{t: t, opts: opts, runID: randomID()}
 	for _, sc := range scenarios {
 		var err error
-		if sc == ScenarioTakeover {
+		if sc == ScenarioSemaphore {
+			err = r.semaphore(ctx)
+		} else if sc == ScenarioTakeover {
 			err = r.takeover(ctx)
+		} else if sc == ScenarioElection {
+			err = r.election(ctx)
 		} else {
 			err = r.contended(ctx, sc)
 		}

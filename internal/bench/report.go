@@ -32,6 +32,9 @@ func WriteTable(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tbackend\timpl\tn\thold_ms\tdelay_ms\tacq\tacq/s\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tviol\terr\t")
 	for _, r := range s.Results {
+		if r.Scenario == ScenarioElection { // failover and observe in the takeover and notice columns
+			r.TakeoverMS, r.NoticeMS = r.FailoverMS, r.ObserveMS
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
 			r.Scenario, r.Backend, r.Impl, r.Contenders, f(r.HoldMS), fp(r.LockDelayMS),
 			r.Acquisitions, f(r.AcqPerS), f(r.HandoffsPerS), fp(r.HandoffP50MS), fp(r.HandoffP99MS),
@@ -84,7 +87,7 @@ func units(s Summary) []string {
 func RatioLine(q Ratio) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ratio holdfast/native %s %s n=%d hold=%sms", q.Backend, q.Scenario, q.Contenders, f(q.HoldMS))
-	if q.LockDelayMS != nil && q.Scenario == ScenarioTakeover {
+	if q.LockDelayMS != nil && (q.Scenario == ScenarioTakeover || q.Scenario == ScenarioElection) {
 		fmt.Fprintf(&b, " lock-delay=%sms", f(*q.LockDelayMS))
 	}
 	b.WriteString(":")
@@ -98,6 +101,8 @@ func RatioLine(q Ratio) string {
 	add("handoff_p50", q.HandoffP50)
 	add("cycle_p50", q.CycleP50)
 	add("takeover", q.TakeoverMS)
+	add("failover", q.FailoverMS)
+	add("observe", q.ObserveMS)
 	add("rpcs/acq", q.RPCsPerAcq)
 	add("fairness", q.Fairness)
 	for _, n := range q.Notes {

@@ -9,11 +9,13 @@ import (
 // Result is one row: one implementation, one setting. It is printed as one
 // JSON object per line. Fields that do not apply to a row are null.
 type Result struct {
-	Scenario   string  `json:"scenario"`
-	Backend    string  `json:"backend"`
-	Impl       string  `json:"impl"`
-	Contenders int     `json:"contenders"`
-	HoldMS     float64 `json:"hold_ms"`
+	Scenario   string `json:"scenario"`
+	Backend    string `json:"backend"`
+	Impl       string `json:"impl"`
+	Contenders int    `json:"contenders"`
+	// Limit is the semaphore scenario's limit (how many may hold at once).
+	Limit  *int    `json:"limit,omitempty"`
+	HoldMS float64 `json:"hold_ms"`
 	// DurationS is the measured window (contended rows) or the wall time of
 	// all repeats (takeover rows), in seconds.
 	DurationS    float64 `json:"duration_s"`
@@ -47,6 +49,10 @@ type Result struct {
 	TakeoverAll []float64 `json:"takeover_all_ms,omitempty"`
 	NoticeMS    *float64  `json:"notice_ms"`
 	Repeats     int       `json:"repeats,omitempty"`
+	// Election rows (see ScenarioElection).
+	FailoverMS  *float64  `json:"failover_ms,omitempty"`
+	FailoverAll []float64 `json:"failover_all_ms,omitempty"`
+	ObserveMS   *float64  `json:"observe_ms,omitempty"`
 
 	TTLS       float64 `json:"ttl_s"`
 	Note       string  `json:"note,omitempty"`
@@ -70,6 +76,8 @@ type Ratio struct {
 	RPCsPerAcq  *float64 `json:"rpcs_per_acq"`
 	Fairness    *float64 `json:"fairness"`
 	TakeoverMS  *float64 `json:"takeover_ms,omitempty"`
+	FailoverMS  *float64 `json:"failover_ms,omitempty"`
+	ObserveMS   *float64 `json:"observe_ms,omitempty"`
 	// Notes explain ratios left null because native's value is 0.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -88,8 +96,10 @@ func NewRatio(h, n Result) Ratio {
 		HandoffP50:  divp(h.HandoffP50MS, n.HandoffP50MS),
 		Fairness:    divp(h.Fairness, n.Fairness),
 		TakeoverMS:  divp(h.TakeoverMS, n.TakeoverMS),
+		FailoverMS:  divp(h.FailoverMS, n.FailoverMS),
+		ObserveMS:   divp(h.ObserveMS, n.ObserveMS),
 	}
-	if h.Scenario != ScenarioTakeover {
+	if h.Scenario != ScenarioTakeover && h.Scenario != ScenarioElection {
 		q.AcqPerS = div(h.AcqPerS, n.AcqPerS)
 		q.HandoffsPS = div(h.HandoffsPerS, n.HandoffsPerS)
 		if n.HandoffsPerS == 0 && h.HandoffsPerS > 0 {

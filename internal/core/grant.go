@@ -240,6 +240,27 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	}
 }
 
+// Handover ends a held grant as Unlock would (its context is cancelled with
+// holdfast.ErrReleased), but runs neither the release nor done: the caller
+// takes the grant's key in the store and its name slot over (etcd's
+// read-write lock turns a write grant into a read grant this way). It
+// returns false, changing nothing, if the grant is not held or is held more
+// than once (reentrantly).
+func (g *Grant) Handover() bool {
+	if g.ctx.Err() != nil { // checks the session's deadline now
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count != 1 || g.ending {
+		return false
+	}
+	g.count, g.ending = 0, true
+	g.cancel(holdfast.ErrReleased)
+	close(g.finished)
+	return true
+}
+
 // Finished is closed when the grant's end in the store is over (or was
 // abandoned because the session ended).
 func (g *Grant) Finished() <-chan struct{} { return g.finished }

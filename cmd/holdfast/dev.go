@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+var devCommand = &command{
+	name:    "dev",
+	summary: "run an embedded one-node etcd on 127.0.0.1 for local development",
+	usage: `usage: holdfast dev [flags]
+
+Starts a one-node etcd inside this process, listening on 127.0.0.1 only,
+prints its endpoint, and serves until interrupted (SIGINT or SIGTERM). Its
+data lives in --data-dir, or in a temporary directory removed at exit. Point
+holdfast (--endpoints), etcdctl or your program at the printed endpoint.
+Not for production: one member, no TLS, no auth.`,
+	flags: devFlags,
+}
+
+func devFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	port := fs.Int("port", 2379, "client port on 127.0.0.1")
+	peerPort := fs.Int("peer-port", 2380, "peer port on 127.0.0.1")
+	dataDir := fs.String("data-dir", "", "data directory, kept at exit (default: a temporary directory, removed at exit)")
+	return func(ctx context.Context, e *env, args []string) error {
+		switch {
+		case len(args) > 0:
+			return usagef("dev takes no arguments")
+		case *port < 1 || *port > 65535 || *peerPort < 1 || *peerPort > 65535:
+			return usagef("--port and --peer-port must be in 1..65535")
+		case *port == *peerPort:
+			return usagef("--port and --peer-port must differ")
+		}
+		return runDev(ctx, e, *port, *peerPort, *dataDir)
+	}
+}
+
+// devReadyTimeout bounds how long the dev server may take to start.
+const devReadyTimeout = 30 * time.Second
+
+func runDev(ctx context.Context, e *env, port, peerPort int, dir string) error {
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "holdfast-dev-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	client := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", port)}
+	peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	cfg := embed.NewConfig()
+	cfg.Name = "holdfast-dev"
+	cfg.Dir = dir
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = cfg.Name + "=" + peer.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.LogLevel = "error"
+	srv, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("start etcd on %s: %w", client.Host, err)
+	}
+	defer srv.Close()
+	select {
+	case <-srv.Server.ReadyNotify():
+	case err := <-srv.Err():
+		return fmt.Errorf("etcd failed while starting: %w", err)
+	case <-time.After(devReadyTimeout):
+		return fmt.Errorf("etcd not ready within %v", devReadyTimeout)
+	case <-ctx.Done():
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "etcd serving on %s (data in %s); stop with Ctrl-C\n", client.String(), dir)
+	fmt.Fprintf(e.stdout, "try: holdfast lock --endpoints %s demo/lock -- sh -c 'echo token $HOLDFAST_TOKEN'\n", client.Host)
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(e.stdout, "stopping etcd")
+		return nil
+	case err := <-srv.Err():
+		return fmt.Errorf("etcd stopped: %w", err)
+	}
+}
+
+var versionCommand = &command{
+	name:    "version",
+	summary: "print holdfast's version and the versions it was built with",
+	usage:   "usage: holdfast version",
+	flags: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+		return func(ctx context.Context, e *env, args []string) error {
+			if len(args) > 0 {
+				return usagef("version takes no arguments")
+			}
+			fmt.Fprintln(e.stdout, versionString())
+			return nil
+		}
+	},
+}
+
+// versionString is the module's version (or VCS revision) and the versions
+// of Go and of the store clients it was built with.
+func versionString() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "holdfast (unknown version)"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && (v == "" || v == "(devel)") {
+			v = "devel " + s.Value
+		}
+	}
+	out := fmt.Sprintf("holdfast %s %s", v, bi.GoVersion)
+	for _, d := range bi.Deps {
+		switch d.Path {
+		case "go.etcd.io/etcd/client/v3", "github.com/hashicorp/consul/api":
+			out += fmt.Sprintf(" %s@%s", d.Path, d.Version)
+		}
+	}
+	return out
+}

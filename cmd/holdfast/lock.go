@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/holdfast/holdfast"
+)
+
+// Exit statuses of lock (and elect) other than the child's own; documented
+// in the command's usage. They follow timeout(1) where they can.
+const (
+	exitLost        = 122 // the grant was lost while the command ran; it was stopped
+	exitNotAcquired = 124 // --timeout elapsed, or --try found the lock held
+	exitFailed      = 125 // holdfast itself failed (store unreachable, refused...)
+	exitCannotRun   = 126 // the command was found but could not be started
+	exitNotFound    = 127 // the command was not found
+)
+
+// exitError ends a command with a given exit status; err, if not nil, is
+// printed first.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e exitError) Unwrap() error { return e.err }
+
+var lockCommand = &command{
+	name:       "lock",
+	summary:    "run a command while holding a lock",
+	ownSignals: true,
+	usage: `usage: holdfast lock [flags] NAME [flags] -- CMD [ARGS...]
+
+Waits for the lock NAME (FIFO, behind earlier waiters), runs CMD while
+holding it, and releases it when CMD exits. With -n N (N > 1) it waits for
+one of N permits of the semaphore NAME instead; its layout is api.Semaphore's
+on Consul, so "consul lock -n N NAME" shares the permits. If the lock is lost while CMD
+runs (its session expired or was revoked, its key deleted), CMD is sent
+SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122: the lock
+is noticed lost before another client can be granted it.
+
+The key layout is the native one, so holdfast, "etcdctl lock NAME" and
+"consul lock NAME" (and concurrency.Mutex, api.Lock on NAME/.lock) exclude
+each other on the same name.
+
+CMD gets, besides holdfast's own environment:
+  HOLDFAST_NAME   the lock's name
+  HOLDFAST_KEY    the holder's key in the store
+  HOLDFAST_TOKEN  the fencing token: pass it with every write to a fenced
+                  resource, which must reject tokens lower than one it saw
+  ETCD_LOCK_KEY, ETCD_LOCK_REV  (etcd) as etcdctl lock sets them, for
+                  drop-in use; ETCD_LOCK_REV is the key's create revision,
+                  the same as HOLDFAST_TOKEN. Note that etcdctl lock itself
+                  sets ETCD_LOCK_REV to the revision of its response, not the
+                  create revision of its key, so etcdctl's value is not a
+                  usable fencing token: scripts should use HOLDFAST_TOKEN.
+  CONSUL_LOCK_HELD=true  (Consul) as consul lock sets it.
+
+CMD runs in its own process group. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+and SIGUSR2 sent to holdfast are passed on to that group; holdfast releases
+the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
+SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
+exits 128+signal.
+
+Exit status:
+  CMD's own       CMD ran and exited (128+N if it was killed by signal N);
+                  0 with --child-exit-code=false
+  2               bad usage
+  122             the lock was lost while CMD ran; CMD was stopped
+  124             not acquired: --timeout elapsed, or --try found it held
+  125             holdfast failed (store unreachable, invalid name, refused)
+  126, 127        CMD could not be started, CMD not found
+  128+N           holdfast got signal N while waiting`,
+	flags: lockFlags,
+}
+
+func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	sf := addStoreFlags(fs)
+	timeout := fs.Duration("timeout", 0, "give up waiting after this long, exiting 124 (0: wait as long as it takes)")
+	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for")
+	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
+	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
+	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
+	return func(ctx context.Context, e *env, args []string) error {
+		name, argv, err := splitCommand(args)
+		if err != nil {
+			return err
+		}
+		switch {
+		case *permits < 1:
+			return usagef("-n %d: want at least 1", *permits)
+		case *timeout < 0:
+			return usagef("--timeout %v is negative", *timeout)
+		case *grace < 0:
+			return usagef("--kill-grace %v is negative", *grace)
+		case *try && *timeout > 0:
+			return usagef("--try and --timeout exclude each other")
+		}
+		if err := holdfast.ValidateName(name); err != nil {
+			return usagef("%v", err)
+		}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true}
+		if *permits > 1 {
+			r.what = "its permit"
+		}
+		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
+			var l holdfast.Locker
+			var err error
+			if *permits > 1 {
+				l, err = s.semaphore(name, *permits)
+			} else {
+				l, err = s.mutex(name)
+			}
+			if err != nil {
+				return nil, err
+			}
+			if *try {
+				return l.TryLock(ctx)
+			}
+			if *timeout <= 0 {
+				return l.Lock(ctx)
+			}
+			tctx, cancel := context.WithTimeoutCause(ctx, *timeout, errTimeout)
+			defer cancel()
+			g, err := l.Lock(tctx)
+			if err != nil && errors.Is(context.Cause(tctx), errTimeout) && ctx.Err() == nil {
+				return nil, fmt.Errorf("%w after %v", errTimeout, *timeout)
+			}
+			return g, err
+		}, name, argv)
+	}
+}
+
+var errTimeout = errors.New("timed out waiting")
+
+// splitCommand splits the positional arguments "NAME CMD [ARGS...]" (the
+// flags, before or after NAME, and the "--" before CMD are taken by the
+// parser; "--" is needed only when CMD has options of its own).
+func splitCommand(args []string) (name string, argv []string, err error) {
+	if len(args) == 0 {
+		return "", nil, usagef("missing NAME and command")
+	}
+	name, argv = args[0], args[1:]
+	if len(argv) == 0 {
+		return "", nil, usagef("missing the command to run after NAME")
+	}
+	return name, argv, nil
+}
+
+// runner runs a command under a grant.
+type runner struct {
+	e         *env
+	what      string // "the lock", "a permit", "leadership": for messages
+	grace     time.Duration
+	childCode bool
+	loop      bool // after a loss, acquire again (elect --loop)
+	extraEnv  []string
+	native    bool // set the native lock commands' variables too
+}
+
+// stopSignals end a wait for a grant; forwarded are passed on to the child.
+var (
+	stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+	forwarded   = append(stopSignals[:len(stopSignals):len(stopSignals)], syscall.SIGUSR1, syscall.SIGUSR2)
+)
+
+// run opens a session, gets a grant with acquire, runs argv under it and
+// releases it; the returned error carries the exit status. With r.loop, a
+// loss while argv runs is followed by a new acquisition.
+func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Context, *session) (holdfast.Grant, error), name string, argv []string) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	var s *session
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	var got os.Signal
+	var err error
+	for err == nil {
+		if s != nil && s.Err() != nil { // lost with the grant: a new one
+			s.Close()
+			s = nil
+		}
+		if s == nil {
+			if got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+				s, err = sf.open(wctx)
+				return err
+			}); err != nil {
+				break
+			}
+		}
+		var g holdfast.Grant
+		got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+			g, err = acquire(wctx, s)
+			return err
+		})
+		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
+			// The session died with the leadership; the next round opens
+			// a new one (after a pause, should the store refuse at once).
+			s.Close()
+			s, err = nil, nil
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			break
+		}
+		err = r.child(ctx, s, g, name, argv, sigs)
+		var ee exitError
+		if r.loop && errors.As(err, &ee) && ee.code == exitLost && ctx.Err() == nil {
+			fmt.Fprintf(r.e.stderr, "holdfast: %v; campaigning again\n", ee.err)
+			err = nil
+			continue
+		}
+		return err
+	}
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		return err
+	case got != nil:
+		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
+	case errors.Is(err, holdfast.ErrLocked):
+		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
+	case errors.Is(err, errTimeout):
+		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
+	default:
+		return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
+	}
+}
+
+// waitFor runs fn under a context that a stop signal (see stopSignals)
+// cancels, and returns that signal if one came.
+func waitFor(ctx context.Context, sigs <-chan os.Signal, fn func(context.Context) error) (os.Signal, error) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var got os.Signal
+	finished, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case sig := <-sigs:
+				if isStop(sig) {
+					got = sig
+					cancel(fmt.Errorf("got %v", sig))
+					return
+				}
+			case <-finished:
+				return
+			}
+		}
+	}()
+	err := fn(wctx)
+	close(finished)
+	<-watched
+	return got, err
+}
+
+func isStop(sig os.Signal) bool {
+	for _, s := range stopSignals {
+		if s == sig {
+			return true
+		}
+	}
+	return false
+}
+
+// child runs argv while g is held, then releases g.
+func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name string, argv []string, sigs <-chan os.Signal) error {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "HOLDFAST_NAME="+name, "HOLDFAST_KEY="+g.Key(), "HOLDFAST_TOKEN="+g.Token().String())
+	if r.native {
+		cmd.Env = append(cmd.Env, s.nativeEnv(g)...)
+	}
+	cmd.Env = append(cmd.Env, r.extraEnv...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		r.release(g, name)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return exitError{exitNotFound, fmt.Errorf("%s: %w", name, err)}
+		}
+		return exitError{exitCannotRun, fmt.Errorf("%s: %w", name, err)}
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	lost := g.Context().Done()
+	stop := ctx.Done()
+	var kill <-chan time.Time
+	var lostCause error
+	var werr error
+wait:
+	for {
+		select {
+		case werr = <-done:
+			break wait
+		case sig := <-sigs:
+			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+		case <-stop: // our caller gave up (in-process use): as a SIGTERM
+			stop = nil
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		case <-lost:
+			lost = nil
+			lostCause = context.Cause(g.Context())
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s (%v); stopping the command\n", name, r.what, lostCause)
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			t := time.NewTimer(r.grace)
+			defer t.Stop()
+			kill = t.C
+		case <-kill:
+			kill = nil
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+	}
+	if lostCause == nil && g.Context().Err() != nil && !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		lostCause = context.Cause(g.Context()) // lost as the command ended
+	}
+	if lostCause != nil {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
+		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
+	}
+	r.release(g, name)
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	} else if werr != nil {
+		return exitError{exitFailed, fmt.Errorf("%s: waiting for the command: %w", name, werr)}
+	}
+	if !r.childCode || code == 0 {
+		return nil
+	}
+	return exitError{code: code}
+}
+
+// releaseTimeout bounds the release after the command exits; if the store
+// does not answer in time, closing the session (revoking it) frees the lock.
+const releaseTimeout = 5 * time.Second
+
+func (r runner) release(g holdfast.Grant, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := g.Unlock(ctx); err != nil {
+		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+	}
+}

@@ -1,0 +1,324 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
+)
+
+// Election is a leader election on Consul, on Consul's documented pattern:
+// the leader is the session that holds the key "<name>/.lock" (acquired
+// with the session, flagged like api.Lock's), and the key's value is the
+// leader's proposal. So api.Lock on that key, or `consul lock <name>`,
+// excludes holdfast candidates and the other way round, and anyone who
+// reads the key (a watch on it, say) sees the leader's value.
+//
+// Candidates wait in the Mutex's FIFO queue ("<name>/.queue/<session ID>",
+// see Mutex); the head of the queue takes the key when it is free, and
+// retries right when the previous holder's lock-delay ends (to the
+// millisecond) after that holder's session was invalidated. Unlike a
+// Mutex, a leader hands nothing over: resigning deletes the key (guarded by
+// our session holding it), and the head of the queue takes it.
+//
+// The leader's term is its grant's token: the ModifyIndex of the write that
+// acquired the key. A holdfast candidate acquires by creating the key anew
+// (deleting a free key left by an earlier holder in the same transaction),
+// so the term stays readable as the key's CreateIndex after Proclaim writes
+// a new value: Leader and Observe report CreateIndex when the key's
+// LockIndex is 1 (created by its acquisition; 0 after a plain write to a
+// held key), and ModifyIndex otherwise (api.Lock holders that acquired an
+// existing key, and never write it while they hold it).
+//
+// An Election belongs to one Session: Campaign calls through one Session on
+// one name take turns in-process (a second Campaign waits until the first
+// one's leadership ends).
+type Election struct {
+	m *Mutex // the lock key and the queue; Lock is never called on it
+
+	mu  sync.Mutex
+	cur *Grant // the latest leadership won through this Election
+}
+
+// campaign is an election's acquisition of the lock key (see acquisition):
+// it takes the key with value, creating it anew so that the term survives
+// Proclaim (see Election), never announces itself to the holder (the key's
+// value is the leader's), and its grant is never handed over.
+type campaign struct {
+	value []byte
+}
+
+// NewElection returns the election called name, campaigned through session
+// s. The name follows holdfast.ValidateName; the leader holds the key
+// "<name>/.lock" (LockKey(name)).
+func NewElection(s *Session, name string) (*Election, error) {
+	m, err := NewMutex(s, name)
+	if err != nil {
+		return nil, err
+	}
+	return &Election{m: m}, nil
+}
+
+// Name returns the election's name.
+func (e *Election) Name() string { return e.m.name }
+
+// Campaign queues this session as a candidate and waits until it holds the
+// lock key with value as the key's value (candidates of holdfast win in
+// order of arrival; api.Lock clients may take the key ahead of them when it
+// is free), ctx ends, or the session ends. It returns within milliseconds of
+// either, even if Consul cannot be reached, and what it left in Consul is
+// removed by the session in the background (see Mutex.Lock). The
+// leadership grant's Token is the term, its Context ends when leadership is
+// lost, and its Unlock (or Resign) deletes the key, guarded by our session
+// holding it.
+//
+// A holdfast Mutex on the same name hands its lock to the head of the
+// queue, candidate or not: a candidate that is handed the key writes it
+// anew with value (a new term) before it returns.
+func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
+	g, err := e.m.acquire(ctx, false, &campaign{value: value})
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.cur = g
+	e.mu.Unlock()
+	return g, nil
+}
+
+// retake takes a lock key handed to us by a Mutex holder (whose value is
+// the Mutex's): in one transaction, guarded by our session holding the key,
+// it deletes the key and acquires it anew with our value, and deletes our
+// queue key. The term is that write's index.
+func (a *acquisition) retake() (uint64, error) {
+	m := a.m
+	ops := api.TxnOps{
+		checkSession(m.lockKey, m.s.id),
+		kvOp(api.KVDelete, m.lockKey),
+		lockOp(m.lockKey, m.s.id, a.el.value),
+		kvOp(api.KVDelete, m.queueKey),
+	}
+	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	defer cancel()
+	resp, err := m.s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return 0, txnError("campaign on "+m.lockKey, rb) // the cleanup releases the key
+	case err != nil:
+		return 0, err
+	}
+	for _, r := range resp.Results {
+		if r.KV != nil && r.KV.Key == m.lockKey && r.KV.Session == m.s.id {
+			return r.KV.ModifyIndex, nil
+		}
+	}
+	return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
+}
+
+// current returns the latest leadership won through e, or an error wrapping
+// holdfast.ErrNotHeld if there is none or it has ended.
+func (e *Election) current() (*Grant, error) {
+	e.mu.Lock()
+	g := e.cur
+	e.mu.Unlock()
+	if g == nil {
+		return nil, fmt.Errorf("%w: not the leader of %s", holdfast.ErrNotHeld, e.m.name)
+	}
+	if !g.base.Held() {
+		return nil, g.base.NotHeld()
+	}
+	return g, nil
+}
+
+// Resign ends this Election's current leadership: the same as Unlock of the
+// grant Campaign returned. If this Election does not lead (it never won, or
+// its leadership was released or lost), it returns an error wrapping
+// holdfast.ErrNotHeld.
+func (e *Election) Resign(ctx context.Context) error {
+	g, err := e.current()
+	if err != nil {
+		return err
+	}
+	return g.Unlock(ctx)
+}
+
+// Proclaim replaces the leader's published value while this Election
+// leads: one transaction that checks that our session holds the lock key
+// and acquires it again with value (a write that keeps the key's session,
+// flags, CreateIndex and LockIndex, so the term does not change). If this Election does not
+// lead, nothing is written and the error wraps holdfast.ErrNotHeld; a
+// Proclaim whose check fails in Consul also ends the leadership.
+func (e *Election) Proclaim(ctx context.Context, value []byte) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	g, err := e.current()
+	if err != nil {
+		return err
+	}
+	s := e.m.s
+	var ops api.TxnOps
+	if !mutant.On("consul/proclaim-check-session") {
+		ops = append(ops, g.Guard()...)
+	}
+	// An acquire by the holder keeps the key's session, CreateIndex and
+	// LockIndex (a plain set would zero LockIndex), and fails if another
+	// session holds the key.
+	ops = append(ops, lockOp(g.Key(), s.id, value))
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err = s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("proclaim on "+g.Key(), rb)
+	case rb != nil:
+		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (Proclaim's check failed)", holdfast.ErrLost, g.Key(), s.id))
+		s.checkSoon()
+		return g.base.NotHeld()
+	case err != nil:
+		return fmt.Errorf("holdfast/consul: proclaim on %s: %w", g.Key(), err)
+	}
+	return nil
+}
+
+// leaderOf is the leader that the lock key kv shows: none if it is absent
+// or free; else its value, and its term (see Election).
+func leaderOf(kv *api.KVPair) holdfast.Leader {
+	if kv == nil || kv.Session == "" {
+		return holdfast.Leader{}
+	}
+	term := kv.ModifyIndex
+	if kv.LockIndex <= 1 {
+		term = kv.CreateIndex
+	}
+	return holdfast.Leader{Key: kv.Key, Value: kv.Value, Term: holdfast.Token(term)}
+}
+
+// Leader returns the current leader: the lock key's value and the term of
+// its holder (see Election). If the key is absent or free, it returns an
+// error wrapping holdfast.ErrNoLeader; if it is not a lock's key (other
+// flags), one wrapping holdfast.ErrConflict.
+func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
+	if ctx == nil {
+		return holdfast.Leader{}, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	kv, _, err := e.m.s.client.KV().Get(e.m.lockKey, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return holdfast.Leader{}, apiError("leader of "+e.m.name, err)
+	}
+	if err := e.m.compatible(view{lock: kv}); err != nil {
+		return holdfast.Leader{}, err
+	}
+	l := leaderOf(kv)
+	if l.None() {
+		return l, fmt.Errorf("%w: %s", holdfast.ErrNoLeader, e.m.name)
+	}
+	return l, nil
+}
+
+// Observe delivers the current leader (the zero holdfast.Leader if there is
+// none), then every change it sees, until ctx or the session ends; then the
+// channel is closed. A nil ctx gives a closed channel.
+//
+// It follows the lock key with blocking queries, so on Consul it may
+// coalesce changes: leaders that come and go between two answers of
+// Consul (or while the reader is slow: the channel holds only the latest
+// state, so a slow reader skips to it) are not seen. What it delivers is in
+// order of terms, and "no leader" (the zero Leader) is delivered whenever
+// it sees the key free or absent. A value changed by Proclaim is delivered
+// again with the same term. A store outage is retried, not reported.
+func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
+	out := make(chan holdfast.Leader)
+	if ctx == nil {
+		close(out)
+		return out
+	}
+	ctx, stop := e.m.s.bind(ctx)
+	latest := make(chan holdfast.Leader, 1)
+	go func() {
+		defer close(latest)
+		e.follow(ctx, latest)
+	}()
+	go func() {
+		defer stop()
+		defer close(out)
+		var pending holdfast.Leader
+		have := false
+		for {
+			var send chan<- holdfast.Leader
+			if have {
+				send = out
+			}
+			select {
+			case l, ok := <-latest:
+				if !ok {
+					return
+				}
+				pending, have = l, true
+			case send <- pending:
+				have = false
+			case <-ctx.Done():
+				for range latest { // let follow end
+				}
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// follow puts the leader in latest (replacing what is there unread) each
+// time it changes, first the current one, until ctx ends.
+func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
+	var last holdfast.Leader
+	first := true
+	var index uint64
+	pause := minPause
+	for ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, blockTimeout(blockWait))
+		q := &api.QueryOptions{WaitIndex: index, WaitTime: blockWait}
+		kv, meta, err := e.m.s.client.KV().Get(e.m.lockKey, q.WithContext(qctx))
+		cancel()
+		if err != nil {
+			if !sleep(ctx, pause) {
+				return
+			}
+			pause = min(2*pause, maxPause)
+			continue
+		}
+		pause = minPause
+		if meta.LastIndex < index {
+			index = 0 // Consul's index went back (a restored snapshot): start over
+		} else {
+			index = meta.LastIndex
+		}
+		l := leaderOf(kv)
+		if !first && sameLeader(l, last) {
+			continue
+		}
+		if !first && !l.None() && !last.None() && l.Term < last.Term {
+			continue // an older answer (another server's view): terms only go up
+		}
+		first, last = false, l
+		select { // replace what the reader has not taken
+		case <-latest:
+		default:
+		}
+		latest <- l
+	}
+}
+
+// sameLeader reports whether a and b are the same leader with the same
+// value.
+func sameLeader(a, b holdfast.Leader) bool {
+	return a.Key == b.Key && a.Term == b.Term && string(a.Value) == string(b.Value)
+}

@@ -1,0 +1,23 @@
+// Package safety is holdfast's safety suite: workloads of clients that take
+// a lock (or a semaphore permit, or leadership) and write to a fenced
+// resource, recorded as histories, while faults are injected into real
+// clusters; and the checkers that judge the histories:
+//
+//   - Fence: the resource never accepted a write whose token is lower than
+//     one it had accepted before (Resource records every write).
+//   - Linearizable: the history of acquisitions and fenced writes is
+//     linearizable against a model of a fenced mutex (tokens granted in
+//     increasing order consistent with real time; each write accepted or
+//     refused as a fence must), checked with porcupine.
+//   - Told first (Tracker): when a client is granted a token, every grant of
+//     a lower token held by another client is already over (its context
+//     done), or, for a semaphore of limit N, at most N grants are live;
+//     grants ended from outside (a lease revoked by an operator) are exempt,
+//     since nobody can be told of those before they happen.
+//   - Clean: after the clients stop, no key is left under the test's
+//     prefixes and no goroutine leaks (the tests check these).
+//
+// A workload is a Workload; faults are whatever the caller does while it
+// runs. The tests in this package run short scenarios on a 3-member etcd
+// cluster; "holdfast soak" runs them for as long as asked.
+package safety

@@ -1,0 +1,64 @@
+package safety
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
+
+// duration is how long each scenario runs: short in the README's test
+// command, longer with HOLDFAST_SAFETY_DURATION (a Go duration).
+func duration(t *testing.T) time.Duration {
+	if s := os.Getenv("HOLDFAST_SAFETY_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("HOLDFAST_SAFETY_DURATION=%q: %v", s, err)
+		}
+		return d
+	}
+	return 20 * time.Second
+}
+
+func check(t *testing.T, s Summary, err error) {
+	t.Helper()
+	t.Logf("\n%s", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range s.FenceViolations {
+		t.Errorf("fence: %s", v)
+	}
+	for _, v := range s.ToldFirstViolations {
+		t.Errorf("told first: %s", v)
+	}
+	if !s.OK() {
+		t.Errorf("checkers failed: linearizable=%v keys left=%v grants=%d", s.Linearizable, s.LeftKeys, s.Grants)
+	}
+}
+
+// TestEtcdMutexUnderFaults runs the etcd scenario (see RunEtcd).
+func TestEtcdMutexUnderFaults(t *testing.T) {
+	s, err := RunEtcd(context.Background(), EtcdOptions{Duration: duration(t), Log: testLog{t}})
+	check(t, s, err)
+}
+
+// TestConsulMutexUnderFaults runs the Consul scenario (see RunConsul), for
+// twice the etcd scenario's time: a holder cut off keeps the lock for up to
+// twice the 10 s TTL (Consul's grace), so grants are fewer.
+func TestConsulMutexUnderFaults(t *testing.T) {
+	s, err := RunConsul(context.Background(), ConsulOptions{Duration: 2 * duration(t), Log: testLog{t}})
+	check(t, s, err)
+}
+
+// testLog writes to the test log.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}

@@ -1,0 +1,120 @@
+package safety
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/holdfast/holdfast"
+)
+
+// Kind is the kind of a recorded operation.
+type Kind int
+
+// Operation kinds.
+const (
+	Acquire Kind = iota // Lock; Token is the grant's, or the call failed
+	Put                 // a fenced write with Token; OK is whether it was accepted
+	Release             // Unlock of the grant with Token
+)
+
+func (k Kind) String() string {
+	return [...]string{"acquire", "put", "release"}[k]
+}
+
+// Op is one recorded operation: its invocation and its return.
+type Op struct {
+	Client       int
+	Kind         Kind
+	Token        holdfast.Token
+	OK           bool // acquire: granted; write: accepted; release: nil error
+	Call, Return time.Duration
+}
+
+// History records the operations of every client of a workload. It is safe
+// for concurrent use.
+type History struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []Op
+}
+
+// NewHistory returns an empty history whose clock starts now.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the history's clock (monotonic).
+func (h *History) Now() time.Duration { return time.Since(h.start) }
+
+// Add records op.
+func (h *History) Add(op Op) {
+	h.mu.Lock()
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+// Ops returns the recorded operations.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Op(nil), h.ops...)
+}
+
+// mutexState is the state of the fenced-mutex model: the latest token
+// granted and the highest token the resource accepted.
+type mutexState struct{ granted, written holdfast.Token }
+
+// FencedMutex is the porcupine model of a fenced mutex over one resource:
+// grants carry strictly increasing tokens, in an order consistent with real
+// time (a grant that returned before another was invoked has the lower
+// token); a write with token t is accepted only if t was granted and is at
+// least the highest accepted token, and refused only if it is lower. A
+// failed acquisition and a release change nothing: a holder may lose its
+// grant at any moment without a call (its session expired), which is why
+// exclusion itself is checked by the fence and the Tracker, not here.
+var FencedMutex = porcupine.Model{
+	Init: func() any { return mutexState{} },
+	Step: func(state, input, output any) (bool, any) {
+		s := state.(mutexState)
+		op := input.(Op)
+		switch op.Kind {
+		case Acquire:
+			if !op.OK {
+				return true, s
+			}
+			if op.Token <= s.granted {
+				return false, s
+			}
+			return true, mutexState{granted: op.Token, written: s.written}
+		case Put:
+			if op.OK {
+				if op.Token > s.granted || op.Token < s.written {
+					return false, s
+				}
+				return true, mutexState{granted: s.granted, written: op.Token}
+			}
+			return op.Token < s.written, s
+		default:
+			return true, s
+		}
+	},
+	DescribeOperation: func(input, output any) string {
+		op := input.(Op)
+		return fmt.Sprintf("client %d %v token %d ok=%v", op.Client, op.Kind, op.Token, op.OK)
+	},
+	DescribeState: func(state any) string {
+		s := state.(mutexState)
+		return fmt.Sprintf("granted %d, written %d", s.granted, s.written)
+	},
+}
+
+// CheckLinearizable checks ops against FencedMutex, for at most timeout,
+// and returns porcupine's verdict (porcupine.Unknown if it timed out).
+func CheckLinearizable(ops []Op, timeout time.Duration) porcupine.CheckResult {
+	hist := make([]porcupine.Operation, 0, len(ops))
+	for _, op := range ops {
+		hist = append(hist, porcupine.Operation{ClientId: op.Client, Input: op, Call: int64(op.Call), Output: nil, Return: int64(op.Return)})
+	}
+	return porcupine.CheckOperationsTimeout(FencedMutex, hist, timeout)
+}

@@ -1,0 +1,466 @@
+package safety
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/hashicorp/consul/api"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/consul"
+	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/etcd"
+)
+
+// Summary is what a scenario run did and what the checkers found.
+type Summary struct {
+	Backend  string
+	Duration time.Duration
+	Faults   map[string]int
+	Stats
+	FenceViolations     []string
+	ToldFirstViolations []string
+	GrantsChecked       int
+	Linearizable        porcupine.CheckResult
+	LeftKeys            []string
+	// MaxNotice is the longest time from a fault that cut a holder off to
+	// its grant context being done; MaxTakeover the longest from such a
+	// fault (or a session kill) to the next grant of a newer token.
+	MaxNotice, MaxTakeover time.Duration
+}
+
+// OK reports whether every checker passed.
+func (s Summary) OK() bool {
+	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 &&
+		s.Linearizable == porcupine.Ok && len(s.LeftKeys) == 0 && s.Grants > 0
+}
+
+// String is the summary's report, one line per subject.
+func (s Summary) String() string {
+	var faults []string
+	for k, v := range s.Faults {
+		faults = append(faults, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(faults)
+	return fmt.Sprintf(`backend: %s, %v
+faults injected: %s
+operations: grants=%d lock_failures=%d sessions=%d lost=%d fenced_writes=%d stale_writes_rejected=%d
+violations: fence=%d told_first=%d (of %d grants) linearizable=%v keys_left=%d
+worst fault-to-notice: %v; worst takeover: %v`,
+		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
+		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes, s.Rejected,
+		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, s.Linearizable, len(s.LeftKeys),
+		s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
+}
+
+// faultLog counts faults and measures notice and takeover times.
+type faultLog struct {
+	mu        sync.Mutex
+	counts    map[string]int
+	notice    time.Duration
+	takeovers []takeover
+}
+
+type takeover struct {
+	at    time.Duration // history clock
+	token holdfast.Token
+}
+
+func (f *faultLog) count(kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.counts == nil {
+		f.counts = map[string]int{}
+	}
+	f.counts[kind]++
+}
+
+// victim starts timing a fault that cuts off the holder of g (if any):
+// until its context is done (notice) and until a newer token is granted
+// (takeover, computed from the history afterwards).
+func (f *faultLog) victim(h *History, g holdfast.Grant) {
+	if g == nil {
+		return
+	}
+	start, at := time.Now(), h.Now()
+	context.AfterFunc(g.Context(), func() {
+		if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+			return // released before the fault cut it off
+		}
+		d := time.Since(start)
+		f.mu.Lock()
+		f.notice = max(f.notice, d)
+		f.takeovers = append(f.takeovers, takeover{at: at, token: g.Token()})
+		f.mu.Unlock()
+	})
+}
+
+// finish fills s from the run's records.
+func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
+	s.Stats = st
+	s.FenceViolations = CheckFence(w.Resource.Writes())
+	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
+	ops := w.History.Ops()
+	s.Linearizable = CheckLinearizable(ops, 2*time.Minute)
+	faults.mu.Lock()
+	defer faults.mu.Unlock()
+	s.Faults = faults.counts
+	s.MaxNotice = faults.notice
+	for _, t := range faults.takeovers {
+		for _, op := range ops {
+			if op.Kind == Acquire && op.OK && op.Token > t.token && op.Return >= t.at {
+				s.MaxTakeover = max(s.MaxTakeover, op.Return-t.at)
+				break
+			}
+		}
+	}
+}
+
+// EtcdOptions shape RunEtcd.
+type EtcdOptions struct {
+	Duration time.Duration // default 20 s
+	Clients  int           // default 4
+	Log      io.Writer     // faults as they happen; nil: none
+}
+
+// RunEtcd runs the etcd scenario: a 3-member cluster in a temporary
+// directory, Clients clients each through its own fault proxy to one
+// member, taking one lock and writing to a fenced resource, while members
+// are stopped and restarted, the leader is cut from its peers, and clients'
+// connections are blackholed or frozen (below and beyond the 2 s TTL). It
+// returns the checkers' findings; err is about the run itself.
+func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
+	if o.Duration <= 0 {
+		o.Duration = 20 * time.Second
+	}
+	if o.Clients <= 0 {
+		o.Clients = 4
+	}
+	logf := func(format string, a ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", a...)
+		}
+	}
+	c, err := embedtest.StartEtcd("", 3)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer c.Close()
+	proxies := make([]*embedtest.Proxy, o.Clients)
+	for i := range proxies {
+		u, err := url.Parse(c.Endpoint(i % c.Size()))
+		if err != nil {
+			return Summary{}, err
+		}
+		if proxies[i], err = embedtest.NewProxy(u.Host); err != nil {
+			return Summary{}, err
+		}
+		defer proxies[i].Close()
+	}
+	name := fmt.Sprintf("safety/etcd/%d", time.Now().UnixNano())
+	w := &Workload{
+		Clients:  o.Clients,
+		Writes:   12,
+		Hold:     100 * time.Millisecond, // holds of 0.1 to 1.2 s
+		Resource: NewResource(),
+		History:  NewHistory(),
+		Tracker:  &Tracker{},
+		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			s, err := etcd.Dial(dctx, []string{proxies[client].URL()}, etcd.WithTTL(etcd.MinTTL))
+			if err != nil {
+				return nil, nil, err
+			}
+			m, err := etcd.NewMutex(s, name)
+			if err != nil {
+				s.Close()
+				return nil, nil, err
+			}
+			return holdfast.AsLocker(m), func() { s.Close() }, nil
+		},
+	}
+	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
+	defer cancel()
+	faults := &faultLog{}
+	faultErr := make(chan error, 1)
+	go func() { faultErr <- etcdFaults(runCtx, c, proxies, w, faults, logf) }()
+	st := w.Run(runCtx)
+	err = <-faultErr
+	for _, p := range proxies {
+		p.Mend()
+	}
+	s := Summary{Backend: "etcd (3 members)", Duration: o.Duration}
+	finish(&s, w, st, faults)
+	s.LeftKeys = leftKeysEtcd(c, name)
+	return s, err
+}
+
+// etcdFaults injects one fault at a time, each mended before the next.
+func etcdFaults(ctx context.Context, c *embedtest.Cluster, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client"}
+	for ctx.Err() == nil {
+		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
+		if ctx.Err() != nil {
+			return nil
+		}
+		leader, err := c.WaitLeader(15 * time.Second)
+		if err != nil {
+			return err
+		}
+		kind := kinds[rng.IntN(len(kinds))]
+		faults.count(kind)
+		hold := func(lo, spread int) time.Duration {
+			return time.Duration(lo+rng.IntN(spread)) * time.Millisecond
+		}
+		switch kind {
+		case "stop-follower", "stop-leader":
+			m := leader
+			if kind == "stop-follower" {
+				m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
+			}
+			logf("%s: member %d", kind, m)
+			if err := c.Stop(m); err != nil {
+				return err
+			}
+			time.Sleep(hold(1000, 2000))
+			if err := c.Restart(m); err != nil {
+				return err
+			}
+		case "cut-leader-peers":
+			logf("%s: member %d", kind, leader)
+			c.CutPeer(leader)
+			time.Sleep(hold(1500, 2000))
+			c.MendPeer(leader)
+		case "blackhole-client", "pause-client":
+			v := rng.IntN(len(proxies))
+			if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
+				v = h // mostly the holder: the case that matters
+			}
+			logf("%s: client %d", kind, v)
+			faults.victim(w.History, w.Tracker.Grant(v))
+			if kind == "blackhole-client" {
+				proxies[v].Blackhole()
+			} else {
+				proxies[v].Pause()
+			}
+			time.Sleep(hold(1000, 2500)) // below and beyond the TTL
+			proxies[v].Mend()
+		}
+	}
+	return nil
+}
+
+// leftKeysEtcd waits up to 10 s for the keys under name/ to go (the
+// sessions are closed; an unreachable one expires) and returns any left.
+func leftKeysEtcd(c *embedtest.Cluster, name string) []string {
+	cli, err := c.NewClient()
+	if err != nil {
+		return []string{"(no client: " + err.Error() + ")"}
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := cli.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		cancel()
+		if err == nil && len(resp.Kvs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			var left []string
+			if resp != nil {
+				for _, kv := range resp.Kvs {
+					left = append(left, string(kv.Key))
+				}
+			}
+			if err != nil {
+				left = append(left, "(read failed: "+err.Error()+")")
+			}
+			return left
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ConsulOptions shape RunConsul.
+type ConsulOptions struct {
+	Duration time.Duration // default 20 s
+	Clients  int           // default 4
+	Log      io.Writer
+}
+
+// RunConsul runs the Consul scenario on a real 3-server cluster: Clients
+// clients, each through its own fault proxy to one server's HTTP API, take
+// one lock (TTL 10 s, lock-delay 1 s) and write to a fenced resource, while
+// the leader or a follower server is killed and restarted, holders'
+// sessions are destroyed from outside, and clients' connections are
+// blackholed or frozen around the TTL. Grants whose session is destroyed
+// from outside are exempt from the told-first check (nobody can be told
+// before that happens); the fence still judges their writes.
+func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
+	if o.Duration <= 0 {
+		o.Duration = 20 * time.Second
+	}
+	if o.Clients <= 0 {
+		o.Clients = 4
+	}
+	logf := func(format string, a ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", a...)
+		}
+	}
+	c, err := embedtest.StartConsulCluster(3)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer c.Close()
+	proxies := make([]*embedtest.Proxy, o.Clients)
+	sessions := make([]*consul.Session, o.Clients)
+	var smu sync.Mutex
+	for i := range proxies {
+		if proxies[i], err = embedtest.NewProxy(c.HTTPAddr(i % c.Size())); err != nil {
+			return Summary{}, err
+		}
+		defer proxies[i].Close()
+	}
+	// admin returns a client of a running server.
+	admin := func() (*api.Client, error) {
+		l, err := c.WaitLeader(30 * time.Second)
+		if err != nil {
+			return nil, err
+		}
+		return c.NewClient(l)
+	}
+	name := fmt.Sprintf("safety/consul/%d", time.Now().UnixNano())
+	w := &Workload{
+		Clients:  o.Clients,
+		Writes:   12,
+		Hold:     100 * time.Millisecond,
+		Resource: NewResource(),
+		History:  NewHistory(),
+		Tracker:  &Tracker{},
+		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			s, err := consul.Dial(dctx, proxies[client].Addr(), consul.WithTTL(consul.MinTTL), consul.WithLockDelay(time.Second))
+			if err != nil {
+				return nil, nil, err
+			}
+			m, err := consul.NewMutex(s, name)
+			if err != nil {
+				s.Close()
+				return nil, nil, err
+			}
+			smu.Lock()
+			sessions[client] = s
+			smu.Unlock()
+			return holdfast.AsLocker(m), func() { s.Close() }, nil
+		},
+	}
+	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
+	defer cancel()
+	faults := &faultLog{}
+	faultErr := make(chan error, 1)
+	go func() {
+		faultErr <- func() error {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+			kinds := []string{"kill-leader", "kill-follower", "destroy-session", "blackhole-client", "pause-client"}
+			for runCtx.Err() == nil {
+				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
+				if runCtx.Err() != nil {
+					return nil
+				}
+				kind := kinds[rng.IntN(len(kinds))]
+				v := rng.IntN(o.Clients)
+				if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
+					v = h
+				}
+				g := w.Tracker.Grant(v)
+				switch kind {
+				case "kill-leader", "kill-follower":
+					leader, err := c.WaitLeader(30 * time.Second)
+					if err != nil {
+						return err
+					}
+					m := leader
+					if kind == "kill-follower" {
+						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
+					}
+					faults.count(kind)
+					logf("%s: server %d", kind, m)
+					if err := c.Kill(m); err != nil {
+						return err
+					}
+					sleep(runCtx, time.Duration(1000+rng.IntN(3000))*time.Millisecond)
+					if err := c.Restart(m); err != nil {
+						return err
+					}
+				case "destroy-session":
+					smu.Lock()
+					s := sessions[v]
+					smu.Unlock()
+					if g == nil || s == nil {
+						continue // destroy holders only
+					}
+					cli, err := admin()
+					if err != nil {
+						return err
+					}
+					faults.count(kind)
+					logf("%s: client %d", kind, v)
+					w.Tracker.Exempt(g.Token())
+					faults.victim(w.History, g)
+					_, _ = cli.Session().Destroy(s.ID(), nil)
+				default:
+					faults.count(kind)
+					logf("%s: client %d", kind, v)
+					faults.victim(w.History, g)
+					if kind == "blackhole-client" {
+						proxies[v].Blackhole()
+					} else {
+						proxies[v].Pause()
+					}
+					sleep(runCtx, time.Duration(3000+rng.IntN(10000))*time.Millisecond) // below and beyond the TTL
+					proxies[v].Mend()
+				}
+			}
+			return nil
+		}()
+	}()
+	st := w.Run(runCtx)
+	err = <-faultErr
+	for _, p := range proxies {
+		p.Mend()
+	}
+	s := Summary{Backend: "consul (3 servers)", Duration: o.Duration}
+	finish(&s, w, st, faults)
+	cli, aerr := admin()
+	if aerr != nil {
+		return s, errors.Join(err, aerr)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		keys, _, kerr := cli.KV().Keys(name+"/", "", nil)
+		if kerr == nil && len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.LeftKeys = keys
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return s, err
+}

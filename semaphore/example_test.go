@@ -1,0 +1,69 @@
+package semaphore_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"sync/atomic"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/etcd"
+	"github.com/holdfast/holdfast/semaphore"
+)
+
+// Run 20 jobs, at most 2 at once in this process (2 lockers, each on a
+// session of its own) and at most 4, the semaphore's limit, across the
+// fleet.
+func ExampleGroup() {
+	// A throwaway etcd; in real code, dial your cluster.
+	dir, err := os.MkdirTemp("", "holdfast-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	c, err := embedtest.StartEtcd(dir, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+
+	const slots = 2
+	lockers := make([]holdfast.Locker, slots)
+	for i := range lockers {
+		s, err := etcd.Dial(ctx, c.Endpoints()) // one session per slot
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		// At most 4 encoders across every process, whatever their slots.
+		sem, err := etcd.NewSemaphore(s, "jobs/encode", 4)
+		if err != nil {
+			log.Fatal(err)
+		}
+		lockers[i] = holdfast.AsLocker[*etcd.Grant](sem)
+	}
+
+	g, err := semaphore.NewGroup(ctx, lockers...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var done atomic.Int32
+	for range 20 {
+		g.Go(func(ctx context.Context) error {
+			p := semaphore.Permit(ctx) // its Token fences the job's writes
+			_ = p.Token()
+			// ... work under ctx, cancelled if the permit is lost ...
+			done.Add(1)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("jobs done:", done.Load())
+	// Output:
+	// jobs done: 20
+}

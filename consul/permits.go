@@ -404,7 +404,13 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	if mutant.On("consul/permit-cas") {
 		verb = api.KVSet
 	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.flags, Value: p.encode(st)}})
+	value := p.encode(st)
+	if v.lock != nil && string(value) == string(v.lock.Value) {
+		// Consul does not move the index of a write that changes nothing:
+		// a newline (which JSON ignores) makes the write a change.
+		value = append(value, '\n')
+	}
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.flags, Value: value}})
 	for i, w := range in {
 		val := valHeld
 		if i+1 < len(in) {
@@ -545,6 +551,17 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				return 0, fmt.Errorf("%w: %s is no longer counted among the holders of %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 			}
 			ops = append(ops, deleteCAS(p.myKey, v.me.ModifyIndex))
+			if others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey }); v.err == nil && len(others) > 0 {
+				// A waiter that leaves passes the baton: it admits the
+				// waiters that now fit (it may have been the head, with
+				// room), and in any case writes the lock key, so that a
+				// release based on a read made before the waiters behind
+				// us joined fails its CAS and reads again (it would hand
+				// the permit to nobody, and the new head, watching its own
+				// key, would not know).
+				st, admitted := p.admit(v.st, others)
+				ops = append(ops, p.writeOps(*v, st, admitted)...)
+			}
 		}
 		resp, err := p.s.txn(ctx, ops)
 		var rb *rollback
@@ -618,6 +635,9 @@ type pacq struct {
 	ctx, wctx context.Context // the caller's; ends with it or with the session
 	exclusive bool
 	left      bool // something of ours may be in Consul (see Mutex's acquisition)
+	// uncertain: a join or an admission was sent and its outcome is unknown
+	// (see sweepLater).
+	uncertain bool
 }
 
 // acquire runs Lock (try false) or TryLock through p.
@@ -664,6 +684,9 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			}
 			return err
 		}}, free)
+		if a.uncertain {
+			p.sweepLater()
+		}
 		grace := time.NewTimer(cleanupGrace)
 		defer grace.Stop()
 		select {
@@ -677,6 +700,37 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		return nil, a.fail(err)
 	}
 	return p.grant(token, exclusive, free)
+}
+
+// sweepDelays are when, after a failed acquisition whose join or admission
+// had an unknown outcome, the session looks again for a key of ours.
+var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
+
+// sweepLater removes a late-landing join (or admission) of ours: a request
+// abandoned by its caller may still reach the server after the cleanup has
+// read the keys (on a loaded server, seen in tests), and would leave a
+// waiter that nobody waits behind, and then a permit handed to nobody. A
+// background task of the session looks again a few times over 15 s: each
+// time, once no acquisition, cleanup or grant of ours uses the name (it
+// takes the in-process name slot), it runs the cleanup once more. An
+// acquisition of ours that uses the name meanwhile replaces any leftover
+// key with its own join.
+func (p *permits) sweepLater() {
+	p.s.bg.Go(func(ctx context.Context) {
+		for _, d := range sweepDelays {
+			if !sleep(ctx, d) {
+				return
+			}
+			free, err := p.s.names.Acquire(ctx, p.name)
+			if err != nil {
+				return
+			}
+			actx, cancel := context.WithTimeout(ctx, core.AttemptTimeout)
+			_, _ = p.leave(actx, nil, leaveCleanup)
+			cancel()
+			free()
+		}
+	})
 }
 
 // fail picks the error a failed acquisition returns (see acquisition.fail).
@@ -741,6 +795,7 @@ func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
 	case rb != nil:
 		return 0, nil
 	default:
+		a.uncertain = true
 		return 0, err
 	}
 	if len(resp.Results) < len(ops) {
@@ -776,6 +831,7 @@ func (a *pacq) join() (pview, error) {
 	case rb != nil:
 		return pview{}, txnError("join "+p.name, rb)
 	default:
+		a.uncertain = true
 		return pview{}, err
 	}
 	return p.parse(resp.Results), nil

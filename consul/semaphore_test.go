@@ -681,3 +681,41 @@ func leftNothing(t *testing.T, c *api.Client, name string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSemaphoreLateJoinSwept: a Lock that gives up while its join is held
+// up on the way (a paused connection that delivers it later) leaves no
+// waiter behind once the join lands, so the permit is not handed to nobody.
+func TestSemaphoreLateJoinSwept(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	p, pc := proxied(t, a)
+	name := uniqueName(t)
+	ctx := timeout(t, 30*time.Second)
+	g, err := newSemaphore(t, newSession(t, c), name, 1).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := newSemaphore(t, newSession(t, pc), name, 1)
+	p.Pause()
+	lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = late.Lock(lctx)
+	cancel()
+	if !isCtx(err) {
+		t.Fatalf("Lock through a paused connection: %v", err)
+	}
+	p.Mend() // the held join may land now, after the cleanup began
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The permit is free for anyone once the cleanup (retried through the
+	// mended connection) or the sweep's first looks have run.
+	wctx, wcancel := context.WithTimeout(ctx, cleanupBound+2*time.Second)
+	defer wcancel()
+	g2, err := newSemaphore(t, newSession(t, c), name, 1).Lock(wctx)
+	if err != nil {
+		t.Fatalf("the permit was stranded: %v (keys %v)", err, keys(t, c, name))
+	}
+	_ = g2.Unlock(ctx)
+	leftNothing(t, c, name)
+}

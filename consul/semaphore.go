@@ -45,7 +45,11 @@ import (
 // waiter just ahead of them and the head watches the lock key, so nobody
 // waits for a foreign contender in a way that could deadlock. A release
 // that loses a CAS race reads again after a random pause of a few
-// milliseconds. Measured with limit 4, 32 contenders and no hold time (see
+// milliseconds. A waiter that gives up passes the baton: with its key's
+// deletion it admits the waiters that now fit and writes the lock key (so
+// that a release from an older read fails its CAS and reads again). A join
+// abandoned on the way that lands after the cleanup is removed by the
+// session a little later (see Lock). Measured with limit 4, 32 contenders and no hold time (see
 // TestSemaphoreVersusAPI): about 6.5 HTTP requests per acquisition, every
 // blocking query included, against about 55 for api.Semaphore, whose
 // waiters all wake on every change.
@@ -110,7 +114,10 @@ func (m *Semaphore) Limit() int { return m.p.limit }
 // ending, even if Consul cannot be reached; what the call left (our
 // contender key, our place among the holders if a handoff reached us as we
 // gave up) is removed by the session in the background, and Lock waits up to
-// 50 ms after ctx ended for that. An error wraps holdfast.ErrConflict if the
+// 50 ms after ctx ended for that. If a join or admission request had an
+// unknown outcome, the session looks again 0.25, 1.25, 4.25 and 14.25 s
+// later (while no call of its own uses the name) and removes a request of
+// ours that landed late. An error wraps holdfast.ErrConflict if the
 // name is not this semaphore's (see Semaphore).
 func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, false)

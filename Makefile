@@ -4,7 +4,7 @@ export GOTOOLCHAIN := local
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: test consul lint demo bench mutants
+.PHONY: test consul lint demo bench mutants fuzz
 
 test: consul
 	$(GO) vet ./...
@@ -30,3 +30,11 @@ bench:
 # meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.
 mutants: consul
 	./scripts/mutants.sh
+
+# Fuzz the decoders of the Consul semaphore's and read-write lock's lock key
+# (consul/permits_fuzz_test.go), FUZZTIME each (default 1m). The seed corpus
+# runs with every plain `go test` too.
+FUZZTIME ?= 1m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzSemaphoreLock$$' -fuzztime $(FUZZTIME) ./consul/
+	$(GO) test -run '^$$' -fuzz '^FuzzRWLock$$' -fuzztime $(FUZZTIME) ./consul/

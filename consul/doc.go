@@ -50,6 +50,37 @@
 // holder at a time, the default): it uses the same key and flags. A key used
 // by `consul lock -n N` (a semaphore) is refused with holdfast.ErrConflict.
 //
+// # Semaphores and read-write locks
+//
+// A [Semaphore] on name with limit N lets at most N sessions hold a permit
+// at once. It uses api.Semaphore's layout with prefix name: contender keys
+// "<name>/<session ID>" acquired with their session, and "<name>/.lock"
+// holding {"Limit":N,"Holders":{...}}, flagged api.SemaphoreFlagValue; so
+// api.Semaphore and `consul lock -n N <name> cmd` share its permits.
+// holdfast contenders queue by their keys' CreateIndex: a releasing holder
+// hands its permit to the head of the queue in the same CAS of the lock key
+// that removes it, and marks the new holder's key, which that waiter
+// watches; only the head (and only when a foreign contender is about, or it
+// joined a full semaphore) watches the lock key. Measured with limit 4, 32
+// contenders and no hold time: about 6.5 HTTP requests per acquisition,
+// blocking queries included (api.Semaphore: about 55), and 6 to 9 times
+// api.Semaphore's acquisitions per second (TestSemaphoreVersusAPI). A
+// client with another limit gets holdfast.ErrConflict naming both.
+//
+// An [RWMutex] (readers share, a writer excludes everyone, FIFO, and
+// [RWMutex.Downgrade] from write to read without a gap) has no native Consul
+// layout: it is the Semaphore's, with its own flags ([RWMutexFlagValue]) and
+// lock value {"Holders":{"<session ID>":"read"|"write"}}. A Mutex, api.Lock,
+// a Semaphore or api.Semaphore on its name fails, and the other way round.
+//
+// Permits and read or write locks are Grants too: their key is the
+// holder's contender key, their guard (for [Grant.Txn]) a check-session on
+// it, their token the ModifyIndex of the lock-key write that admitted them.
+// A holder whose session ends stops being counted (the next write prunes
+// holders whose session holds no key under the name; a waiting head re-reads
+// every 5 s for that); its context is cancelled first, at the session's safe
+// deadline, when the session ends by its TTL.
+//
 // # Elections
 //
 // An [Election] on name is Consul's documented leader-election pattern: the

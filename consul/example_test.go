@@ -172,3 +172,121 @@ func ExampleLockKey() {
 	// Output:
 	// jobs/nightly-report/.lock
 }
+
+// ExampleSemaphore bounds work across processes: at most two permits of
+// "jobs/render" at once, shared with api.Semaphore and `consul lock -n 2
+// jobs/render cmd`.
+func ExampleSemaphore() {
+	agent, err := embedtest.StartConsul()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer agent.Close()
+	client, err := agent.NewClient()
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Three workers, each with its own session (as three processes would).
+	var sems []*consul.Semaphore
+	for range 3 {
+		s, err := consul.NewSession(ctx, client, consul.WithLockDelay(0))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		sem, err := consul.NewSemaphore(s, "jobs/render", 2)
+		if err != nil {
+			log.Fatal(err)
+		}
+		sems = append(sems, sem)
+	}
+	a, err := sems[0].Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := sems[1].Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = sems[2].TryLock(ctx)
+	fmt.Println("third permit while two are held:", errors.Is(err, holdfast.ErrLocked))
+
+	// Work under a.Context() (cancelled if the permit is lost); Unlock hands
+	// the permit to the first waiter.
+	if err := a.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	c, err := sems[2].Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("third permit after a release; newer token:", c.Token() > a.Token())
+	_ = b.Unlock(ctx)
+	_ = c.Unlock(ctx)
+	// Output:
+	// third permit while two are held: true
+	// third permit after a release; newer token: true
+}
+
+// ExampleRWMutex shares a lock among readers, excludes them for a writer,
+// and downgrades a write grant to a read grant.
+func ExampleRWMutex() {
+	agent, err := embedtest.StartConsul()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer agent.Close()
+	client, err := agent.NewClient()
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var rws []*consul.RWMutex
+	for range 2 {
+		s, err := consul.NewSession(ctx, client, consul.WithLockDelay(0))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		rw, err := consul.NewRWMutex(s, "config/routes")
+		if err != nil {
+			log.Fatal(err)
+		}
+		rws = append(rws, rw)
+	}
+	r, err := rws[0].RLock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = rws[1].TryLock(ctx)
+	fmt.Println("writer beside a reader:", !errors.Is(err, holdfast.ErrLocked))
+	if err := r.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	w, err := rws[1].Lock(ctx) // write, then go on reading without a gap
+	if err != nil {
+		log.Fatal(err)
+	}
+	rd, err := rws[1].Downgrade(ctx, w)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("write grant ended:", errors.Is(context.Cause(w.Context()), holdfast.ErrReleased))
+	r2, err := rws[0].RLock(ctx) // readers share with the downgraded grant
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("read tokens after the write:", rd.Token() > w.Token() && r2.Token() > w.Token())
+	_ = r2.Unlock(ctx)
+	_ = rd.Unlock(ctx)
+	// Output:
+	// writer beside a reader: false
+	// write grant ended: true
+	// read tokens after the write: true
+}

@@ -39,6 +39,13 @@ import (
 // The token is the ModifyIndex of the write that acquired the key (a Raft
 // index, so tokens of successive grants strictly increase); it does not
 // change when the key is poked.
+//
+// A Semaphore's permit and an RWMutex's read or write grant are Grants too,
+// with the holder's contender key "<name>/<session ID>" in place of the lock
+// key: Key returns it, Guard and Txn check that our session holds it, the
+// session's check of held keys watches it, and Unlock removes us from the
+// holders (handing the permit on) and deletes it. Their token is the
+// ModifyIndex of the lock-key write that admitted them (see Semaphore).
 type Grant struct {
 	base   *core.Grant // key, token, context, reentrancy, release
 	s      *Session
@@ -60,7 +67,8 @@ type Grant struct {
 
 var _ holdfast.Grant = (*Grant)(nil)
 
-// Key implements holdfast.Grant: the lock key, "<name>/.lock".
+// Key implements holdfast.Grant: the lock key, "<name>/.lock" (a permit's:
+// its contender key, "<name>/<session ID>").
 func (g *Grant) Key() string { return g.base.Key() }
 
 // Token implements holdfast.Grant.

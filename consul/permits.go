@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -44,7 +45,15 @@ const (
 	valWrite    = "holdfast write" // an RWMutex's waiting writer
 	valHeld     = "holdfast held"
 	valHeldNext = "holdfast held+next"
+	// valDowngraded is an RWMutex's key after Downgrade: a write that
+	// leaves a key's value as it was does not move its ModifyIndex, and the
+	// read grant's token is the index of the downgrade's write.
+	valDowngraded = "holdfast held, downgraded"
 )
+
+// Test hooks (nil outside tests): after TryLock's read, and after a
+// release's read, before the write.
+var testHookTryRead, testHookLeaveRead func(p *permits)
 
 // maxLeaveAttempts bounds the attempts of one release or cleanup before it
 // reports errStale (and core.Retry tries again after a pause).
@@ -217,7 +226,7 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 	if !p.rw() {
 		return len(st.holders) < p.limit
 	}
-	if exclusive {
+	if exclusive && !mutant.On("consul/rwmutex-writer-alone") {
 		return len(st.holders) == 0
 	}
 	for _, x := range st.holders {
@@ -249,6 +258,7 @@ type pview struct {
 	me      *api.KVPair   // our live contender key, if any
 	dead    []*api.KVPair // contender keys without a session
 	err     error         // why we must not use the name (ErrConflict)
+	foreign bool          // a foreign contender (api.Semaphore) has a live key
 }
 
 // parse builds a view from a transaction's results that include a read of
@@ -298,7 +308,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		st = permitState{limit: p.limit, holders: map[string]bool{}}
 	}
 	for h := range st.holders {
-		if !live[h] && !mutant.On("consul/permit-prune-live") {
+		if !live[h] || mutant.On("consul/permit-prune-dead-only") {
 			delete(st.holders, h)
 		}
 	}
@@ -310,7 +320,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		val := string(e.Value)
 		c := contender{key: e.Key, session: e.Session, index: e.ModifyIndex, create: e.CreateIndex}
 		switch {
-		case val == valHeld || val == valHeldNext:
+		case val == valHeld || val == valHeldNext || val == valDowngraded:
 			continue
 		case val == valWait && !p.rw(), val == valRead && p.rw():
 		case val == valWrite && p.rw():
@@ -326,7 +336,8 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 			v.conflict(fmt.Errorf("%w: %s is a foreign contender: %s is not a read-write lock", holdfast.ErrConflict, e.Key, p.name))
 			continue
 		default:
-			continue // a foreign contender (api.Semaphore): never waited for
+			v.foreign = true // a foreign contender (api.Semaphore): never waited for
+			continue
 		}
 		v.waiters = append(v.waiters, c)
 	}
@@ -347,7 +358,7 @@ func (v pview) admitted(p *permits) bool {
 	}
 	val := string(v.me.Value)
 	_, in := v.st.holders[p.s.id]
-	return in && (val == valHeld || val == valHeldNext)
+	return in && (val == valHeld || val == valHeldNext || val == valDowngraded)
 }
 
 // ahead returns the waiters queued before us.
@@ -393,7 +404,13 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	if mutant.On("consul/permit-cas") {
 		verb = api.KVSet
 	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.flags, Value: p.encode(st)}})
+	value := p.encode(st)
+	if v.lock != nil && string(value) == string(v.lock.Value) {
+		// Consul does not move the index of a write that changes nothing:
+		// a newline (which JSON ignores) makes the write a change.
+		value = append(value, '\n')
+	}
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.flags, Value: value}})
 	for i, w := range in {
 		val := valHeld
 		if i+1 < len(in) {
@@ -406,9 +423,23 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 
 // read returns the subtree in one read-only transaction.
 func (p *permits) read(ctx context.Context) (pview, error) {
+	return p.readOps(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
+}
+
+// readOrdered returns the subtree too, in a transaction that also deletes a
+// key that never exists: that makes it a write, which Consul applies through
+// Raft after the writes sent before it, where a read-only transaction is
+// answered at once. A cleanup reads this way, so that a join or an
+// admission of ours whose request was abandoned but reached the server is
+// seen (and undone) rather than landing after the read.
+func (p *permits) readOrdered(ctx context.Context) (pview, error) {
+	return p.readOps(ctx, api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered"), kvOp(api.KVGetTree, p.prefix)})
+}
+
+func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := p.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
+	resp, err := p.s.txn(ctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -419,17 +450,11 @@ func (p *permits) read(ctx context.Context) (pview, error) {
 	return p.parse(resp.Results), nil
 }
 
-// after returns v as it is after a successful write of st (at index) that
-// admitted in: not fresh any more.
-func (v pview) after(lock *api.KVPair, st permitState, in []contender) pview {
-	n := pview{lock: lock, st: st}
-	for _, w := range v.waiters {
-		if !slices.ContainsFunc(in, func(x contender) bool { return x.key == w.key }) {
-			n.waiters = append(n.waiters, w)
-		}
-	}
-	n.me = v.me
-	return n
+// backoff is the pause before attempt (from 1) of a release that lost a
+// race for the lock key: random, up to 2^attempt ms, so that holders
+// releasing at once do not collide again.
+func backoff(attempt int) time.Duration {
+	return time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 }
 
 // leaveMode says what leave does.
@@ -445,7 +470,6 @@ const (
 type permitHold struct {
 	p         *permits
 	exclusive bool
-	view      *pview      // as last known (nil: unknown); the release tries it first
 	free      func()      // frees the name in-process; moved to the read grant on Downgrade
 	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
 }
@@ -463,12 +487,22 @@ type permitHold struct {
 func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, error) {
 	downgrade := how == leaveDowngrade
 	for attempt := 0; attempt < maxLeaveAttempts; attempt++ {
+		if attempt > 0 && !sleep(ctx, backoff(attempt)) {
+			return 0, ctx.Err()
+		}
 		if v == nil || attempt > 0 {
-			r, err := p.read(ctx)
+			read := p.read
+			if how == leaveCleanup {
+				read = p.readOrdered
+			}
+			r, err := read(ctx)
 			if err != nil {
 				return 0, err
 			}
 			v = &r
+			if testHookLeaveRead != nil {
+				testHookLeaveRead(p)
+			}
 		}
 		if v.me == nil {
 			if how == leaveCleanup {
@@ -508,7 +542,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				ops = append(ops, p.writeOps(*v, st, admitted)...)
 			}
 			if downgrade {
-				ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valHeld)}})
+				ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valDowngraded)}})
 			} else {
 				ops = append(ops, kvOp(api.KVDelete, p.myKey))
 			}
@@ -517,14 +551,28 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				return 0, fmt.Errorf("%w: %s is no longer counted among the holders of %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 			}
 			ops = append(ops, deleteCAS(p.myKey, v.me.ModifyIndex))
+			if others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey }); v.err == nil && len(others) > 0 {
+				// A waiter that leaves passes the baton: it admits the
+				// waiters that now fit (it may have been the head, with
+				// room), and in any case writes the lock key, so that a
+				// release based on a read made before the waiters behind
+				// us joined fails its CAS and reads again (it would hand
+				// the permit to nobody, and the new head, watching its own
+				// key, would not know).
+				st, admitted := p.admit(v.st, others)
+				ops = append(ops, p.writeOps(*v, st, admitted)...)
+			}
 		}
 		resp, err := p.s.txn(ctx, ops)
 		var rb *rollback
 		switch {
+		case err == nil && downgrade:
+			return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
+		case err == nil && how == leaveRelease && !in:
+			// A holder's entry is pruned only once its key is gone: the
+			// lock key was rewritten or deleted from outside.
+			return 0, fmt.Errorf("%w: %s was no longer among the holders in %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 		case err == nil:
-			if downgrade {
-				return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
-			}
 			return 0, nil
 		case errors.As(err, &rb) && rb.denied():
 			return 0, txnError("release "+p.myKey, rb)
@@ -540,8 +588,8 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 }
 
 // grant wraps an admitted contender key in a Grant.
-func (p *permits) grant(token uint64, exclusive bool, v *pview, free func()) (*Grant, error) {
-	h := &permitHold{p: p, exclusive: exclusive, view: v, free: free}
+func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
+	h := &permitHold{p: p, exclusive: exclusive, free: free}
 	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
 	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
 	p.s.hold(g)
@@ -568,9 +616,7 @@ func (g *Grant) releasePermit(ctx context.Context) error {
 	}
 	var err error
 	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		v := h.view
-		h.view = nil
-		_, err = h.p.leave(ctx, v, leaveRelease)
+		_, err = h.p.leave(ctx, nil, leaveRelease)
 		if errors.Is(err, holdfast.ErrNotHeld) {
 			g.s.checkSoon()
 		}
@@ -588,8 +634,10 @@ type pacq struct {
 	p         *permits
 	ctx, wctx context.Context // the caller's; ends with it or with the session
 	exclusive bool
-	left      bool   // something of ours may be in Consul (see Mutex's acquisition)
-	view      *pview // as last known once admitted; nil: unknown
+	left      bool // something of ours may be in Consul (see Mutex's acquisition)
+	// uncertain: a join or an admission was sent and its outcome is unknown
+	// (see sweepLater).
+	uncertain bool
 }
 
 // acquire runs Lock (try false) or TryLock through p.
@@ -638,6 +686,9 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			}
 			return err
 		}}, free)
+		if a.uncertain {
+			p.sweepLater()
+		}
 		grace := time.NewTimer(cleanupGrace)
 		defer grace.Stop()
 		select {
@@ -650,11 +701,42 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		}
 		return nil, a.fail(err)
 	}
-	g, err := p.grant(token, exclusive, a.view, free)
+	g, err := p.grant(token, exclusive, free)
 	if err == nil {
 		g.base.Observed(p.name, start)
 	}
 	return g, err
+}
+
+// sweepDelays are when, after a failed acquisition whose join or admission
+// had an unknown outcome, the session looks again for a key of ours.
+var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
+
+// sweepLater removes a late-landing join (or admission) of ours: a request
+// abandoned by its caller may still reach the server after the cleanup has
+// read the keys (on a loaded server, seen in tests), and would leave a
+// waiter that nobody waits behind, and then a permit handed to nobody. A
+// background task of the session looks again a few times over 15 s: each
+// time, once no acquisition, cleanup or grant of ours uses the name (it
+// takes the in-process name slot), it runs the cleanup once more. An
+// acquisition of ours that uses the name meanwhile replaces any leftover
+// key with its own join.
+func (p *permits) sweepLater() {
+	p.s.bg.Go(func(ctx context.Context) {
+		for _, d := range sweepDelays {
+			if !sleep(ctx, d) {
+				return
+			}
+			free, err := p.s.names.Acquire(ctx, p.name)
+			if err != nil {
+				return
+			}
+			actx, cancel := context.WithTimeout(ctx, core.AttemptTimeout)
+			_, _ = p.leave(actx, nil, leaveCleanup)
+			cancel()
+			free()
+		}
+	})
 }
 
 // fail picks the error a failed acquisition returns (see acquisition.fail).
@@ -677,6 +759,9 @@ func (a *pacq) fail(err error) error {
 func (a *pacq) try() (uint64, error) {
 	p := a.p
 	v, err := p.read(a.wctx)
+	if testHookTryRead != nil && err == nil {
+		testHookTryRead(p)
+	}
 	switch {
 	case err != nil:
 		return 0, err
@@ -690,14 +775,14 @@ func (a *pacq) try() (uint64, error) {
 	st.holders[p.s.id] = a.exclusive
 	ops := p.writeOps(v, st, nil)
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
-	return a.admitTxn(v, ops, len(ops)-1, st, nil, true)
+	return a.admitTxn(ops, len(ops)-1, true)
 }
 
 // admitTxn sends ops, which write st to the lock key (their first operation,
 // admitting in) and put our key in its held state (operation mine), and
 // returns the token. A race (the lock key or a waiter changed) is token 0
 // with no error, or ErrLocked if try.
-func (a *pacq) admitTxn(v pview, ops api.TxnOps, mine int, st permitState, in []contender, try bool) (uint64, error) {
+func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
 	p := a.p
 	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
 	defer cancel()
@@ -716,20 +801,16 @@ func (a *pacq) admitTxn(v pview, ops api.TxnOps, mine int, st permitState, in []
 	case rb != nil:
 		return 0, nil
 	default:
+		a.uncertain = true
 		return 0, err
 	}
 	if len(resp.Results) < len(ops) {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer lacks results")
 	}
-	lock, ours := resp.Results[0].KV, resp.Results[mine].KV
-	if lock == nil || ours == nil || ours.Key != p.myKey {
+	ours := resp.Results[mine].KV
+	if ours == nil || ours.Key != p.myKey {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	}
-	n := v.after(&api.KVPair{Key: p.lockKey, Flags: p.flags, Value: p.encode(st), ModifyIndex: lock.ModifyIndex, CreateIndex: lock.CreateIndex}, st, in)
-	me := *ours
-	me.Session = p.s.id
-	n.me = &me
-	a.view = &n
 	return ours.ModifyIndex, nil
 }
 
@@ -756,6 +837,7 @@ func (a *pacq) join() (pview, error) {
 	case rb != nil:
 		return pview{}, txnError("join "+p.name, rb)
 	default:
+		a.uncertain = true
 		return pview{}, err
 	}
 	return p.parse(resp.Results), nil
@@ -781,13 +863,12 @@ func (a *pacq) run() (uint64, error) {
 			v.dead = nil
 		}
 		if v.admitted(p) {
-			a.view = &v
 			return v.me.ModifyIndex, nil
 		}
 		if v.me == nil || !slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey }) {
 			// Our key vanished, lost its session, or was marked held
 			// without our session being a holder: join again.
-			if joins++; joins > 3 {
+			if joins++; joins > 3 { // in a row
 				return 0, fmt.Errorf("holdfast/consul: %s: our contender key keeps vanishing", p.name)
 			}
 			if v, err = a.join(); err != nil {
@@ -795,8 +876,19 @@ func (a *pacq) run() (uint64, error) {
 			}
 			continue
 		}
-		if ahead := v.ahead(); len(ahead) > 0 {
-			// Wait for the waiter just ahead of us to change: admitted
+		joins = 0
+		if ahead := v.ahead(); len(ahead) > 0 && !v.foreign {
+			// Holdfast waiters are ahead of us: each of them is admitted
+			// by a write to the lock key after we joined, so once we are
+			// the head, every holdfast release that frees a permit hands
+			// it to us, marking our key. Watch our own key (re-reading
+			// every blockWait, which prunes dead holders).
+			if token, got, err := a.awaitHandoff(v.me); err != nil || got {
+				return token, err
+			}
+		} else if len(ahead) > 0 {
+			// With foreign contenders about (whose releases hand nothing
+			// over), wait for the waiter just ahead of us to change: admitted
 			// (its key is marked held by the write that admitted it), gone,
 			// or dead.
 			pred := ahead[len(ahead)-1]
@@ -807,7 +899,6 @@ func (a *pacq) run() (uint64, error) {
 			if next != nil && next.Session == pred.session && next.ModifyIndex > pred.index {
 				switch string(next.Value) {
 				case valHeldNext: // admitted with us: our token is that write's
-					a.view = nil
 					return next.ModifyIndex, nil
 				case valHeld: // we are the head now: wait on the lock key
 					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
@@ -842,12 +933,33 @@ func (a *pacq) atHead(v pview) (uint64, bool, error) {
 		if err != nil || got || !full || v.lock == nil {
 			return token, got, err
 		}
+		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
+			return a.awaitHandoff(v.me)
+		}
 		lock, err := a.watch(a.p.lockKey, v.lock.ModifyIndex, true)
 		if err != nil || lock == nil {
 			return 0, false, err
 		}
 		v.lock, v.fresh = lock, false
 	}
+}
+
+// awaitHandoff is the wait of the head of the queue once every holdfast
+// release that frees a permit is known to hand it to us (the lock key was
+// written after we joined, and no foreign contender is about, whose release
+// would not): it watches our own key, which the handoff marks held with the
+// token as its index. It reports whether we got in; if not (no change within
+// blockWait, so that dead holders are pruned, or another change), the
+// caller reads again.
+func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
+	pair, err := a.watch(a.p.myKey, me.ModifyIndex, true)
+	if err != nil || pair == nil || pair.Session != a.p.s.id {
+		return 0, false, err
+	}
+	if v := string(pair.Value); v == valHeld || v == valHeldNext {
+		return pair.ModifyIndex, true, nil
+	}
+	return 0, false, nil
 }
 
 // tryHead admits us, at the head of the queue, if the lock key v.lock has
@@ -876,7 +988,7 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}
-	token, err = a.admitTxn(v, p.writeOps(v, st, in), 1, st, in, false)
+	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false)
 	return token, token != 0, false, err
 }
 

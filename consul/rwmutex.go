@@ -121,11 +121,10 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	h := w.permit
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	token, err := m.p.leave(ctx, h.view, leaveDowngrade)
+	token, err := m.p.leave(ctx, nil, leaveDowngrade)
 	if err != nil {
 		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", m.p.name, err)
 	}
-	h.view = nil
 	r := &permitHold{p: m.p, free: h.free}
 	g := &Grant{s: m.p.s, prefix: m.p.prefix, permit: r}
 	g.base = core.NewGrant(m.p.s.keeper, m.p.s.bg, m.p.myKey, holdfast.Token(token), g.releasePermit, r.done)

@@ -26,21 +26,33 @@ import (
 // contender is one with any other value.
 //
 // Algorithm. A contender creates its key and reads the subtree in one
-// transaction; holdfast waiters queue by the keys' CreateIndex. The head of
-// the queue admits itself (and the waiters behind it that fit) with one
-// transaction: a CAS of the lock key adding them, and a CAS of each
-// admitted key to "holdfast held"; it is the only waiter that watches the
-// lock key (a blocking query; re-read every 5 s so that dead holders are
-// pruned). Every other waiter watches the waiter just ahead of it, so one
-// admission wakes one waiter. On Unlock, a holdfast holder, in one
-// transaction guarded by a check-session of its own key, replaces itself in
-// the lock key by the head of the queue (a handoff: the waiter learns it
-// from its key, or from the lock key) and deletes its contender key; with
-// nobody waiting it removes itself, and deletes the lock key when no holder
-// is left. Foreign contenders do not queue: they get a permit when they find
-// room, and the head of the holdfast queue admits itself whenever it finds
-// room, so nobody ever waits for a foreign contender in a way that could
-// deadlock.
+// transaction; holdfast waiters queue by the keys' CreateIndex (first come,
+// first served). On Unlock, a holdfast holder reads the subtree and, in one
+// transaction guarded by a check-session of its own key, CASes the lock key
+// to replace itself by the waiters at the head of the queue that then fit
+// (one, for a semaphore), CASes each admitted waiter's key to "holdfast
+// held" (so its ModifyIndex is the token), and deletes its own key; with
+// nobody waiting it only removes itself, and deletes the lock key when no
+// holder is left. So a waiter simply watches its own key (one blocking
+// query; one wakes per release), and re-reads every 5 s, which prunes dead
+// holders. Only the head of the queue acts itself: if it finds room (a
+// foreign release, a dead holder, a fresh semaphore), it admits itself and
+// the waiters behind it that fit, with the same CASes; and until a write of
+// the lock key made after it joined guarantees that every later release
+// reads it as the head, it watches the lock key. Foreign contenders
+// (api.Semaphore) do not queue and hand nothing over: they take a permit
+// when they find room; while one is about, holdfast waiters watch the
+// waiter just ahead of them and the head watches the lock key, so nobody
+// waits for a foreign contender in a way that could deadlock. A release
+// that loses a CAS race reads again after a random pause of a few
+// milliseconds. A waiter that gives up passes the baton: with its key's
+// deletion it admits the waiters that now fit and writes the lock key (so
+// that a release from an older read fails its CAS and reads again). A join
+// abandoned on the way that lands after the cleanup is removed by the
+// session a little later (see Lock). Measured with limit 4, 32 contenders and no hold time (see
+// TestSemaphoreVersusAPI): about 6.5 HTTP requests per acquisition, every
+// blocking query included, against about 55 for api.Semaphore, whose
+// waiters all wake on every change.
 //
 // The token of a permit is the ModifyIndex of the lock-key write that
 // admitted it (the contender key is written in that same transaction, so
@@ -102,7 +114,10 @@ func (m *Semaphore) Limit() int { return m.p.limit }
 // ending, even if Consul cannot be reached; what the call left (our
 // contender key, our place among the holders if a handoff reached us as we
 // gave up) is removed by the session in the background, and Lock waits up to
-// 50 ms after ctx ended for that. An error wraps holdfast.ErrConflict if the
+// 50 ms after ctx ended for that. If a join or admission request had an
+// unknown outcome, the session looks again 0.25, 1.25, 4.25 and 14.25 s
+// later (while no call of its own uses the name) and removes a request of
+// ours that landed late. An error wraps holdfast.ErrConflict if the
 // name is not this semaphore's (see Semaphore).
 func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, false)

@@ -38,6 +38,10 @@ consul/proclaim-check-session|./consul/|TestProclaimGuarded
 consul/handoff-check-next|./consul/|TestHandoffSkipsWaiterThatLeft|TestHandoffCancelRace
 consul/session-watch|./consul/|TestSessionDestroyedNoticed|TestConformance/LossNotice
 consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestStaleUnlockSameSession
+consul/permit-cas|./consul/|TestSemaphoreStaleTryLock
+consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
+consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
+consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
 '
 
 want=("$@")

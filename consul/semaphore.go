@@ -56,8 +56,13 @@ import (
 //
 // The token of a permit is the ModifyIndex of the lock-key write that
 // admitted it (the contender key is written in that same transaction, so
-// it has that index). Tokens of successive admissions strictly increase;
-// with limit N, up to N permits with distinct tokens are valid at once.
+// it has that index). Tokens of successive admitting writes strictly
+// increase, but the permits one write admits together (a release that
+// frees room for several waiters, a head that admits the waiters behind it
+// that fit) share its index: with limit N, up to N permits are valid at
+// once, some of them possibly with equal tokens. A fence that accepts a
+// token at least the highest it has seen accepts all of them, and refuses
+// every permit admitted before them once one of them has written.
 //
 // Clients that disagree on the limit: Lock and TryLock fail with an error
 // wrapping holdfast.ErrConflict that names both limits (as api.Semaphore's

@@ -65,6 +65,21 @@ func (h *History) Ops() []Op {
 // granted and the highest token the resource accepted.
 type mutexState struct{ granted, written holdfast.Token }
 
+// fencedModel is FencedMutex, or with shared true FencedSemaphore.
+func fencedModel(shared bool) porcupine.Model {
+	m := FencedMutex
+	if shared {
+		m.Step = func(state, input, output any) (bool, any) {
+			s, op := state.(mutexState), input.(Op)
+			if op.Kind == Acquire && op.OK && op.Token == s.granted {
+				return true, s // admitted by the same write as the previous grant
+			}
+			return FencedMutex.Step(state, input, output)
+		}
+	}
+	return m
+}
+
 // FencedMutex is the porcupine model of a fenced mutex over one resource:
 // grants carry strictly increasing tokens, in an order consistent with real
 // time (a grant that returned before another was invoked has the lower
@@ -109,21 +124,24 @@ var FencedMutex = porcupine.Model{
 	},
 }
 
-// CheckLinearizable checks ops against FencedMutex, for at most timeout,
-// and returns porcupine's verdict (porcupine.Unknown if it timed out).
-func CheckLinearizable(ops []Op, timeout time.Duration) porcupine.CheckResult {
+// CheckLinearizable checks ops against FencedMutex (with shared, the
+// semaphore's variant, where permits admitted by one write share its index
+// as their token, so a grant may repeat the latest token), for at most
+// timeout, and returns porcupine's verdict (porcupine.Unknown if it timed
+// out).
+func CheckLinearizable(ops []Op, shared bool, timeout time.Duration) porcupine.CheckResult {
 	hist := make([]porcupine.Operation, 0, len(ops))
 	for _, op := range ops {
 		hist = append(hist, porcupine.Operation{ClientId: op.Client, Input: op, Call: int64(op.Call), Output: nil, Return: int64(op.Return)})
 	}
-	return porcupine.CheckOperationsTimeout(FencedMutex, hist, timeout)
+	return porcupine.CheckOperationsTimeout(fencedModel(shared), hist, timeout)
 }
 
 // Explain lists simple witnesses of a non-linearizable history, for the
 // report: a grant that returned before another was invoked but has the
 // higher token, a token granted twice, and an accepted write whose token no
 // grant returned before the write began.
-func Explain(ops []Op) []string {
+func Explain(ops []Op, shared bool) []string {
 	var out []string
 	var grants []Op
 	for _, op := range ops {
@@ -133,7 +151,7 @@ func Explain(ops []Op) []string {
 	}
 	seen := map[holdfast.Token]Op{}
 	for _, g := range grants {
-		if o, dup := seen[g.Token]; dup {
+		if o, dup := seen[g.Token]; dup && !shared {
 			out = append(out, fmt.Sprintf("token %d granted twice: to client %d at %v and to client %d at %v", g.Token, o.Client, o.Return, g.Client, g.Return))
 		}
 		seen[g.Token] = g
@@ -149,7 +167,7 @@ func Explain(ops []Op) []string {
 		if w.Kind != Put || !w.OK {
 			continue
 		}
-		if g, ok := seen[w.Token]; !ok || g.Return > w.Call {
+		if g, ok := seen[w.Token]; !ok || g.Return > w.Call && !shared {
 			out = append(out, fmt.Sprintf("client %d's write with token %d accepted at %v, but no grant of that token returned before it", w.Client, w.Token, w.Call))
 		}
 	}

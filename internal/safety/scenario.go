@@ -113,9 +113,10 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	s.FenceViolations = CheckFence(w.Resource.Writes())
 	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
 	ops := w.History.Ops()
-	s.Linearizable = CheckLinearizable(ops, 2*time.Minute)
+	shared := w.Tracker.Limit > 1 // a semaphore's permits may share a token (Consul)
+	s.Linearizable = CheckLinearizable(ops, shared, 2*time.Minute)
 	if s.Linearizable != porcupine.Ok {
-		s.Witnesses = Explain(ops)
+		s.Witnesses = Explain(ops, shared)
 	}
 	faults.mu.Lock()
 	defer faults.mu.Unlock()

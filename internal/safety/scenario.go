@@ -34,7 +34,7 @@ type Summary struct {
 	Linearizable        porcupine.CheckResult
 	// Witnesses explain a history that is not linearizable (see Explain).
 	Witnesses []string
-	LeftKeys            []string
+	LeftKeys  []string
 	// MaxNotice is the longest time from a fault that cut a holder off to
 	// its grant context being done; MaxTakeover the longest from such a
 	// fault (or a session kill) to the next grant of a newer token.

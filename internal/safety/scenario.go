@@ -579,7 +579,15 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	// Sessions invalidated during the run (Behavior release, as api.Lock's)
 	// leave their keys without a session; the next contender prunes them.
-	// One last acquisition by a fresh client plays that contender.
+	// Once every session of the run has ended (a session whose Close could
+	// not reach a killed server expires within twice its TTL), one last
+	// acquisition by a fresh client plays that contender.
+	for deadline := time.Now().Add(3 * consul.MinTTL); time.Now().Before(deadline); {
+		if ss, _, lerr := cli.Session().List(nil); lerr == nil && len(ss) == 0 {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	if serr := lastContender(ctx, w, c, o); serr != nil {
 		err = errors.Join(err, fmt.Errorf("last contender: %w", serr))
 	}

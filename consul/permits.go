@@ -994,51 +994,15 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
 // gone) and returns the key as it then is (nil if gone). If bounded, it
-// returns nil after blockWait without a change too. Transport errors are
-// retried until wctx ends.
+// returns nil after blockWait without a change too (see Session.watchKey).
 func (a *pacq) watch(key string, index uint64, bounded bool) (*api.KVPair, error) {
-	wait := index
-	pause := minPause
-	start := time.Now()
-	for {
-		w := blockWait
-		if bounded {
-			if w -= time.Since(start); w <= 0 {
-				return nil, nil
-			}
-		}
-		ctx, cancel := context.WithTimeout(a.wctx, blockTimeout(w))
-		q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
-		pair, meta, err := a.p.s.client.KV().Get(key, q.WithContext(ctx))
-		cancel()
-		switch {
-		case a.wctx.Err() != nil:
-			return nil, a.wctx.Err()
-		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
-			return nil, apiError("watch "+key, err)
-		case err != nil:
-			if !sleep(a.wctx, pause) {
-				return nil, a.wctx.Err()
-			}
-			pause = min(2*pause, maxPause)
-			continue
-		case pair == nil || pair.ModifyIndex != index:
-			return pair, nil
-		}
-		pause = minPause
-		wait = max(meta.LastIndex, index)
+	var bound time.Duration
+	if bounded {
+		bound = blockWait
 	}
+	return a.p.s.watchKey(a.wctx, key, index, bound)
 }
 
-// dropDead deletes contender keys without a session (left by sessions with
-// Behavior release), if unchanged; best effort.
-func (a *pacq) dropDead(dead []*api.KVPair) {
-	dead = dead[:min(len(dead), maxDropDead)]
-	ops := make(api.TxnOps, 0, len(dead))
-	for _, e := range dead {
-		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
-	}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
-	defer cancel()
-	_, _ = a.p.s.txn(ctx, ops)
-}
+// dropDead deletes contender keys without a session, if unchanged; best
+// effort (see Session.dropDead).
+func (a *pacq) dropDead(dead []*api.KVPair) { a.p.s.dropDead(a.wctx, dead) }

@@ -478,26 +478,45 @@ func (a *acquisition) get(key string) (*api.KVPair, error) {
 }
 
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
-// gone), and returns the key as it then is (nil if gone). Each blocking query
-// waits at most blockWait and has a client-side timeout; timeouts and
-// transport errors are retried until wctx ends (with the session, if the
-// store stays unreachable).
+// gone), and returns the key as it then is (nil if gone); see
+// Session.watchKey.
 func (a *acquisition) watch(key string, index uint64) (*api.KVPair, error) {
+	return a.m.s.watchKey(a.wctx, key, index, 0)
+}
+
+// dropDead deletes queue entries whose session is gone; see
+// Session.dropDead.
+func (a *acquisition) dropDead(dead []*api.KVPair) { a.m.s.dropDead(a.wctx, dead) }
+
+// watchKey blocks until key's ModifyIndex is no longer index (it changed or
+// is gone), and returns the key as it then is (nil if gone). Each blocking
+// query waits at most blockWait and has a client-side timeout; timeouts and
+// transport errors are retried until ctx ends (with the session, if the
+// store stays unreachable). With bound > 0 it returns nil, nil once bound
+// has passed without a change.
+func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound time.Duration) (*api.KVPair, error) {
 	wait := index
 	pause := minPause
+	start := time.Now()
 	for {
-		ctx, cancel := context.WithTimeout(a.wctx, blockTimeout(blockWait))
-		q := &api.QueryOptions{WaitIndex: wait, WaitTime: blockWait}
-		pair, meta, err := a.m.s.client.KV().Get(key, q.WithContext(ctx))
+		w := blockWait
+		if bound > 0 {
+			if w = min(w, bound-time.Since(start)); w <= 0 {
+				return nil, nil
+			}
+		}
+		qctx, cancel := context.WithTimeout(ctx, blockTimeout(w))
+		q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
+		pair, meta, err := s.client.KV().Get(key, q.WithContext(qctx))
 		cancel()
 		switch {
-		case a.wctx.Err() != nil:
-			return nil, a.wctx.Err()
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
 		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
 			return nil, apiError("watch "+key, err)
 		case err != nil:
-			if !sleep(a.wctx, pause) {
-				return nil, a.wctx.Err()
+			if !sleep(ctx, pause) {
+				return nil, ctx.Err()
 			}
 			pause = min(2*pause, maxPause)
 			continue
@@ -509,10 +528,11 @@ func (a *acquisition) watch(key string, index uint64) (*api.KVPair, error) {
 	}
 }
 
-// dropDead deletes queue entries whose session is gone (left by sessions
-// with Behavior release), if they are unchanged. It is best effort: such
-// entries are ignored anyway.
-func (a *acquisition) dropDead(dead []*api.KVPair) {
+// dropDead deletes keys whose session is gone (queue entries, contender
+// keys, left by sessions with Behavior release), if they are unchanged, at
+// most maxDropDead at a time. It is best effort: such keys are ignored
+// anyway.
+func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 	if len(dead) == 0 {
 		return
 	}
@@ -521,9 +541,9 @@ func (a *acquisition) dropDead(dead []*api.KVPair) {
 	for _, e := range dead {
 		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
 	}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	_, _ = a.m.s.txn(ctx, ops)
+	_, _ = s.txn(ctx, ops)
 }
 
 // view is what we know of a lock: the keys under "<name>/".

@@ -108,7 +108,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	}
 	if err != nil {
 		if try && (errors.Is(err, holdfast.ErrLocked) || errors.Is(err, holdfast.ErrConflict)) ||
-			rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
+			rev == notJoined || rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
 			free() // refused: nothing was written
 		} else {
 			m.q.cleanup(rev, free)

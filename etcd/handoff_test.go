@@ -22,19 +22,27 @@ import (
 type traffic struct {
 	requests atomic.Int64
 	in, out  atomic.Int64
+	watchOut atomic.Int64 // messages sent on watch streams
 }
 
-func (tr *traffic) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+type methodKey struct{}
+
+func (tr *traffic) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, methodKey{}, info.FullMethodName)
+}
 func (tr *traffic) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
 	return ctx
 }
 func (tr *traffic) HandleConn(context.Context, stats.ConnStats) {}
-func (tr *traffic) HandleRPC(_ context.Context, s stats.RPCStats) {
+func (tr *traffic) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	switch p := s.(type) {
 	case *stats.InPayload:
 		tr.in.Add(int64(p.WireLength))
 	case *stats.OutPayload:
 		tr.out.Add(int64(p.WireLength))
+		if m, _ := ctx.Value(methodKey{}).(string); m == "/etcdserverpb.Watch/Watch" {
+			tr.watchOut.Add(1)
+		}
 	}
 }
 
@@ -244,5 +252,47 @@ func TestLockCountsOnlyKeysAhead(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the first waiter was not granted the lock after the holder left")
+	}
+}
+
+// A Mutex whose last Lock found the lock free sends its next join without a
+// watch: uncontended, Lock and Unlock are two requests and nothing on a
+// watch stream (but the session's own watch of a grant held past 20 ms,
+// which is told apart by its count of creations: one create and one cancel
+// each).
+func TestUncontendedNoWatch(t *testing.T) {
+	c := embedtest.Etcd(t)
+	ctx := context.Background()
+	var tr traffic
+	s, err := etcd.NewSession(ctx, tr.client(t, c), etcd.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	m := newMutex(t, s, "uncontended")
+	cycle := func() {
+		g, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // a new Mutex assumes contention: its first join comes with a watch
+	time.Sleep(200 * time.Millisecond)
+	const rounds = 10
+	created, _ := etcd.WatchCreates(s)
+	msgs, reqs := tr.watchOut.Load(), tr.requests.Load()
+	for range rounds {
+		cycle()
+	}
+	time.Sleep(200 * time.Millisecond) // whatever was queued on a stream is sent
+	created2, _ := etcd.WatchCreates(s)
+	if d := tr.requests.Load() - reqs; d != 2*rounds {
+		t.Errorf("%d uncontended Lock+Unlock sent %d requests, want %d", rounds, d, 2*rounds)
+	}
+	if d := tr.watchOut.Load() - msgs - 2*(created2-created); d != 0 {
+		t.Errorf("%d uncontended Lock+Unlock sent %d watch messages besides the session's grant watches, want 0", rounds, d)
 	}
 }

@@ -50,6 +50,10 @@ type ContenderConfig struct {
 	// LockDelay is the Consul session lock-delay; negative means the
 	// store's default. Ignored on etcd.
 	LockDelay time.Duration
+	// Index is this contender's number (0 to Count-1) among the Count
+	// contenders of its row. Only the floor uses them (contender i passes
+	// the turn to i+1).
+	Index, Count int
 }
 
 // Contender is one lock user with its own client and session.
@@ -91,11 +95,17 @@ type Options struct {
 	// Contenders per contended row (scenarios lock and handoff). Default:
 	// lock 1, 8, 32; handoff 8, 32.
 	Contenders []int
-	// Duration of each contended row's measured window. Default 3 s.
+	// Duration of each contended row's measured window, over all its
+	// rounds. Default 3 s.
 	Duration time.Duration
-	// Warmup before each contended row's window. Default 500 ms, at most
-	// half the duration.
+	// Warmup before each contended row's window, over all its rounds (each
+	// round warms up for Warmup/Rounds). Default 500 ms, at most half the
+	// duration.
 	Warmup time.Duration
+	// Rounds: every contended setting runs Rounds rounds, each a window of
+	// Duration/Rounds per implementation in turn (holdfast, native, floor),
+	// and reports each implementation's windows together. Default 3.
+	Rounds int
 	// Hold is how long a holder keeps the lock; nil means the scenario's
 	// default (lock 0, handoff 1 ms).
 	Hold *time.Duration
@@ -125,6 +135,9 @@ func (o Options) withDefaults() Options {
 		o.Warmup = 500 * time.Millisecond
 	}
 	o.Warmup = min(o.Warmup, o.Duration/2)
+	if o.Rounds <= 0 {
+		o.Rounds = 3
+	}
 	if o.TTL <= 0 {
 		o.TTL = 15 * time.Second
 	}
@@ -146,6 +159,9 @@ func (o Options) Validate() error {
 	}
 	if o.Limit < 0 || o.Limit > 1024 {
 		return fmt.Errorf("%w: limit must be between 1 and 1024, got %d", ErrUsage, o.Limit)
+	}
+	if o.Rounds < 0 || o.Rounds > 100 {
+		return fmt.Errorf("%w: rounds must be between 1 and 100, got %d", ErrUsage, o.Rounds)
 	}
 	if o.Duration < 0 || o.Warmup < 0 || o.TTL < 0 || o.Repeats < 0 {
 		return fmt.Errorf("%w: durations and repeats must not be negative", ErrUsage)
@@ -211,6 +227,15 @@ func Run(ctx context.Context, t Target, scenario string, opts Options) (Summary,
 		}
 	}
 	return r.sum, nil
+}
+
+// nodes returns the number of store members behind the target (0 if it
+// cannot tell).
+func (r *runner) nodes() int {
+	if nt, ok := r.t.(interface{ Nodes() int }); ok {
+		return nt.Nodes()
+	}
+	return 0
 }
 
 type runner struct {

@@ -13,6 +13,51 @@
 // Unlock releases the lock. Nothing in-process stands in for the store: the
 // only shared state between contenders is the measurement itself.
 //
+// # The floor
+//
+// Every contended setting also runs a third implementation, "floor": the
+// cheapest protocol the store allows for passing a turn from one client to
+// the next, with no safety at all. It is the physical limit the locks are
+// measured against: with the same server, the same number of clients (each
+// its own connection, as the other contenders), the same hold and the same
+// harness, no lock on this store can hand over faster than one write and one
+// notification, so each holdfast and native row reports of_floor, its
+// acq_per_s divided by the floor's.
+//
+//   - etcd: contender i watches its own key <lock>/floor/<i> (a watch opened
+//     when the contender is created, from the revision after the one it
+//     read); its Lock returns when a put event on that key arrives, and its
+//     Unlock puts contender i+1's key (mod n). One unary Put and one watch
+//     event per turn.
+//   - Consul: contender i creates its key, then holds a blocking query on it
+//     (GET ?index=<its last ModifyIndex>); its Lock returns when the
+//     ModifyIndex moves, and its Unlock PUTs contender i+1's key. One PUT
+//     and one blocking GET per turn.
+//
+// Contender 0 holds the first turn. A "turn" is an acquisition and is
+// counted by the same code as the locks' (acquisitions, handoffs, waits,
+// fairness); exactly one contender holds the single turn by construction,
+// and the same inside-counter counts any overlap as a violation. The floor
+// has no session, no lease, no queue, and survives nothing: a crashed
+// contender stops the relay for good, and a stale or duplicated write would
+// admit two holders. A safe FIFO lock must add to it: writing its own queue
+// entry (with a lease or session, so that a crash frees the lock), a check
+// at grant time that its entry still exists and that no one queued before
+// it is still there (a read, or a guarded transaction), and a release that
+// can only remove its own entry (a guarded delete). Only the release and
+// the waiter's notification and check sit on the handoff's critical path;
+// enqueueing happens while the previous holder holds.
+//
+// # Alternation
+//
+// Contended settings run in rounds (Options.Rounds, default 3): every
+// implementation's contenders are opened first, then each round runs a
+// warm-up and a measured window of Duration/Rounds for holdfast, native and
+// floor in turn, so that drift on a shared machine hits all three. A row
+// aggregates its implementation's windows (counts, latencies and requests
+// added; percentiles over all samples); duration_s is the total measured
+// time and rounds the number of windows.
+//
 // # Measurements
 //
 // Contended rows (scenarios lock and handoff) start every contender, let them

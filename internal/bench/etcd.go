@@ -56,6 +56,15 @@ func DialEtcd(endpoints []string) (*EtcdTarget, error) {
 	return t, nil
 }
 
+// Nodes returns the number of members: the embedded cluster's size, or the
+// number of endpoints given to DialEtcd.
+func (t *EtcdTarget) Nodes() int {
+	if t.cluster != nil {
+		return t.cluster.Size()
+	}
+	return len(t.endpoints)
+}
+
 // Endpoints returns the client endpoints.
 func (t *EtcdTarget) Endpoints() []string { return t.endpoints }
 

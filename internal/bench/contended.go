@@ -37,18 +37,45 @@ func (r *runner) contended(ctx context.Context, scenario string) error {
 	if r.opts.Hold != nil {
 		hold = *r.opts.Hold
 	}
-	impls := r.t.Impls()
-	if fl := floorImpl(r.t); fl != nil {
-		impls = append(impls, fl)
-	}
+	impls := withFloor(r.t, r.t.Impls())
 	for _, n := range counts {
-		rows, err := r.alternate(ctx, scenario, impls, n, hold)
+		rows, err := r.alternate(ctx, setting{scenario: scenario, n: n, hold: hold}, impls)
 		if err != nil {
 			return err
 		}
 		r.emitRows(rows)
 	}
 	return nil
+}
+
+// withFloor returns impls followed by t's floor, if t has one.
+func withFloor(t Target, impls []Impl) []Impl {
+	if fl := floorImpl(t); fl != nil {
+		return append(impls, fl)
+	}
+	return impls
+}
+
+// setting is one contended setting: n contenders, each holding for hold;
+// limit > 0 makes it a semaphore's (up to limit holders at once) and
+// waiters > 0 a waiters row.
+type setting struct {
+	scenario string
+	n        int
+	hold     time.Duration
+	limit    int
+	waiters  int
+}
+
+// holders is how many may be inside at once.
+func (s setting) holders() int { return max(1, s.limit) }
+
+func (s setting) String() string {
+	out := fmt.Sprintf("%d contenders, hold %v", s.n, s.hold)
+	if s.limit > 0 {
+		out += fmt.Sprintf(", limit %d", s.limit)
+	}
+	return out
 }
 
 // emitRows sets of_floor on the rows of one setting, emits them and their
@@ -99,8 +126,13 @@ type group struct {
 // implementation's contenders, then runs Rounds rounds, each a window per
 // implementation in turn, so that drift on the machine hits all of them,
 // and returns one row per implementation aggregated over the rounds.
-func (r *runner) alternate(ctx context.Context, scenario string, impls []Impl, n int, hold time.Duration) ([]Result, error) {
+func (r *runner) alternate(ctx context.Context, set setting, impls []Impl) ([]Result, error) {
 	rounds, warmup, window := r.rounds()
+	if set.waiters > 0 {
+		// Every waiter must have queued before a window starts.
+		warmup = max(warmup, time.Duration(set.waiters)*2*time.Millisecond)
+	}
+	scenario, n := set.scenario, set.n
 	groups := make([]*group, len(impls))
 	defer func() {
 		for _, g := range groups {
@@ -114,31 +146,33 @@ func (r *runner) alternate(ctx context.Context, scenario string, impls []Impl, n
 		g := &group{impl: impl, cs: make([]Contender, n), counters: make([]*Counter, n)}
 		groups[k] = g
 		g.acc.perContender = make([]int, n)
-		name := r.lockName(scenario, impl.Name(), fmt.Sprintf("n%d", n))
-		if err := r.openContenders(ctx, impl, name, g.cs, g.counters); err != nil {
-			return nil, fmt.Errorf("%s %s %s, %d contenders: %w", r.t.Backend(), scenario, impl.Name(), n, err)
+		name := r.lockName(scenario, impl.Name(), fmt.Sprintf("n%d-l%d-h%v", n, set.limit, set.hold))
+		if err := r.openContenders(ctx, impl, name, set.holders(), g.cs, g.counters); err != nil {
+			return nil, fmt.Errorf("%s %s %s, %v: %w", r.t.Backend(), scenario, impl.Name(), set, err)
 		}
 	}
-	r.logf("%s %s: %d contenders, hold %v: %d implementations ready in %v; %d rounds of %v warm-up + %v each",
-		r.t.Backend(), scenario, n, hold, len(impls), time.Since(setupStart).Round(time.Millisecond), rounds, warmup, window)
+	r.logf("%s %s: %v: %d implementations ready in %v; %d rounds of %v warm-up + %v each",
+		r.t.Backend(), scenario, set, len(impls), time.Since(setupStart).Round(time.Millisecond), rounds, warmup, window)
 	for round := range rounds {
 		for _, g := range groups {
-			r.logf("%s %s %s: %d contenders, round %d/%d", r.t.Backend(), scenario, g.impl.Name(), n, round+1, rounds)
-			if err := r.window(ctx, g, hold, warmup, window); err != nil {
-				return nil, fmt.Errorf("%s %s %s, %d contenders: %w", r.t.Backend(), scenario, g.impl.Name(), n, err)
+			r.logf("%s %s %s: %v, round %d/%d", r.t.Backend(), scenario, g.impl.Name(), set, round+1, rounds)
+			if err := r.window(ctx, g, set, warmup, window); err != nil {
+				return nil, fmt.Errorf("%s %s %s, %v: %w", r.t.Backend(), scenario, g.impl.Name(), set, err)
 			}
 		}
 	}
 	rows := make([]Result, len(groups))
 	for k, g := range groups {
-		rows[k] = r.contendedResult(scenario, g, n, hold)
+		rows[k] = r.contendedResult(set, g)
 	}
 	return rows, nil
 }
 
 // openContenders opens len(cs) contenders of impl on the lock name, at most
-// setupParallel at a time.
-func (r *runner) openContenders(ctx context.Context, impl Impl, name string, cs []Contender, counters []*Counter) error {
+// setupParallel at a time, within setupTimeout.
+func (r *runner) openContenders(ctx context.Context, impl Impl, name string, tokens int, cs []Contender, counters []*Counter) error {
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
 	sem := make(chan struct{}, setupParallel)
 	var mu sync.Mutex
 	var first error
@@ -150,7 +184,7 @@ func (r *runner) openContenders(ctx context.Context, impl Impl, name string, cs 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, err := impl.NewContender(ctx, ContenderConfig{Lock: name, Counter: counters[i], TTL: r.opts.TTL, LockDelay: -1, Index: i, Count: len(cs)})
+			c, err := impl.NewContender(ctx, ContenderConfig{Lock: name, Counter: counters[i], TTL: r.opts.TTL, LockDelay: -1, Index: i, Count: len(cs), Tokens: tokens})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -166,8 +200,12 @@ func (r *runner) openContenders(ctx context.Context, impl Impl, name string, cs 
 	return first
 }
 
-// setupParallel bounds the contenders opened at once.
-const setupParallel = 16
+const (
+	// setupParallel bounds the contenders opened at once.
+	setupParallel = 32
+	// setupTimeout bounds the opening of one implementation's contenders.
+	setupTimeout = 2 * time.Minute
+)
 
 // handoffState is what contenders share about the lock, for measurement
 // only: who took it last and when that holder called Unlock.
@@ -199,8 +237,8 @@ type rowAcc struct {
 
 // window runs g's contenders for one warm-up and one measured window and
 // adds what it measured to g.acc.
-func (r *runner) window(ctx context.Context, g *group, hold, warmup, window time.Duration) error {
-	n := len(g.cs)
+func (r *runner) window(ctx context.Context, g *group, set setting, warmup, window time.Duration) error {
+	n, hold, most := len(g.cs), set.hold, int32(set.holders())
 	var (
 		inside     atomic.Int32
 		violations atomic.Int64
@@ -254,7 +292,7 @@ func (r *runner) window(ctx context.Context, g *group, hold, warmup, window time
 					continue
 				}
 				t1 := time.Now()
-				if inside.Add(1) != 1 {
+				if inside.Add(1) > most {
 					violations.Add(1)
 				}
 				state.mu.Lock()
@@ -266,7 +304,7 @@ func (r *runner) window(ctx context.Context, g *group, hold, warmup, window time
 				if in {
 					st.acquisitions++
 					st.waits = append(st.waits, t1.Sub(t0))
-					if prev >= 0 && prev != i {
+					if prev >= 0 && prev != i && set.limit == 0 {
 						st.handoffs = append(st.handoffs, t1.Sub(prevAt))
 					}
 				}
@@ -338,15 +376,16 @@ func sumCounters(cs []*Counter) counts {
 }
 
 // contendedResult turns g's accumulated measurements into a row.
-func (r *runner) contendedResult(scenario string, g *group, n int, hold time.Duration) Result {
+func (r *runner) contendedResult(set setting, g *group) Result {
 	a := &g.acc
+	n := set.n
 	res := Result{
-		Scenario:   scenario,
+		Scenario:   set.scenario,
 		Backend:    r.t.Backend(),
 		Impl:       g.impl.Name(),
 		Contenders: n,
 		Nodes:      r.nodes(),
-		HoldMS:     round(ms(hold)),
+		HoldMS:     round(ms(set.hold)),
 		DurationS:  round(a.measured.Seconds()),
 		Rounds:     r.opts.Rounds,
 		RPCUnit:    r.t.RPCUnit(),
@@ -357,12 +396,20 @@ func (r *runner) contendedResult(scenario string, g *group, n int, hold time.Dur
 	for _, x := range a.perContender {
 		res.Acquisitions += x
 	}
+	if set.limit > 0 {
+		res.Limit = &set.limit
+	}
+	if set.waiters > 0 {
+		res.Waiters = &set.waiters
+	}
 	secs := a.measured.Seconds()
-	res.Handoffs = len(a.handoffs)
 	res.AcqPerS = round(float64(res.Acquisitions) / secs)
-	res.HandoffsPerS = round(float64(res.Handoffs) / secs)
-	res.HandoffP50MS = percentile(a.handoffs, 0.50)
-	res.HandoffP99MS = percentile(a.handoffs, 0.99)
+	if set.limit == 0 {
+		res.Handoffs = len(a.handoffs)
+		res.HandoffsPerS = round(float64(res.Handoffs) / secs)
+		res.HandoffP50MS = percentile(a.handoffs, 0.50)
+		res.HandoffP99MS = percentile(a.handoffs, 0.99)
+	}
 	res.WaitP50MS = percentile(a.waits, 0.50)
 	res.WaitP99MS = percentile(a.waits, 0.99)
 	if n == 1 {
@@ -387,7 +434,7 @@ func (r *runner) contendedResult(scenario string, g *group, n int, hold time.Dur
 }
 
 // floorNote is the note of floor rows.
-const floorNote = "floor: a relay, one write and one notification per turn, no safety (see the package doc)"
+const floorNote = "a relay: one write and one notification per turn, no safety, the store's own limit (see the package doc)"
 
 // closeAll closes every non-nil contender, concurrently.
 func closeAll(cs []Contender) {

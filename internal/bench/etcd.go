@@ -24,8 +24,17 @@ type EtcdTarget struct {
 
 // StartEtcd starts an embedded one-member etcd in a temporary directory
 // (removed by Close) and returns it as a target.
-func StartEtcd() (*EtcdTarget, error) {
-	c, err := embedtest.StartEtcd("", 1)
+func StartEtcd() (*EtcdTarget, error) { return StartEtcdNodes(1) }
+
+// StartEtcdNodes starts an embedded etcd cluster of n members (1 to 7), in
+// this process, in a temporary directory (removed by Close), and returns it
+// as a target. Every contender's client has all members' endpoints (the
+// client balances its requests over them).
+func StartEtcdNodes(n int) (*EtcdTarget, error) {
+	if n < 1 || n > 7 {
+		return nil, fmt.Errorf("%w: nodes must be between 1 and 7, got %d", ErrUsage, n)
+	}
+	c, err := embedtest.StartEtcd("", n)
 	if err != nil {
 		return nil, err
 	}

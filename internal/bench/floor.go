@@ -39,16 +39,29 @@ func floorKey(lock string, i int) string { return lock + "/floor/" + strconv.Ito
 var errFloorConfig = errors.New("bench: the floor needs each contender's Index and the Count")
 
 func checkFloorConfig(cfg ContenderConfig) error {
-	if cfg.Count < 1 || cfg.Index < 0 || cfg.Index >= cfg.Count {
-		return fmt.Errorf("%w (index %d, count %d)", errFloorConfig, cfg.Index, cfg.Count)
+	if cfg.Count < 1 || cfg.Index < 0 || cfg.Index >= cfg.Count || cfg.Tokens < 0 {
+		return fmt.Errorf("%w (index %d, count %d, tokens %d)", errFloorConfig, cfg.Index, cfg.Count, cfg.Tokens)
 	}
 	return nil
+}
+
+// initialTurns is how many turns contender cfg.Index starts with: one for
+// each of the first Tokens contenders (at least one token), and the tokens
+// beyond Count go round again.
+func initialTurns(cfg ContenderConfig) int {
+	tokens := max(1, cfg.Tokens)
+	turns := tokens / cfg.Count
+	if cfg.Index < tokens%cfg.Count {
+		turns++
+	}
+	return turns
 }
 
 // FloorImpl implements floorTarget: a relay of watches. Contender i watches
 // its own key; its Lock returns when that key is written (a turn), and its
 // Unlock writes contender i+1's key (mod n). Contender 0 holds the first
-// turn.
+// turn (contenders 0 to Tokens-1 one each for a semaphore's floor); each
+// put event is one turn.
 func (t *EtcdTarget) FloorImpl() Impl { return etcdFloor{t} }
 
 type etcdFloor struct{ t *EtcdTarget }
@@ -79,9 +92,7 @@ func (i etcdFloor) NewContender(ctx context.Context, cfg ContenderConfig) (Conte
 		wch:  cli.Watch(wctx, own, clientv3.WithRev(resp.Header.Revision+1)),
 		stop: stop,
 	}
-	if cfg.Index == 0 {
-		c.pending = 1
-	}
+	c.pending = initialTurns(cfg)
 	return c, nil
 }
 
@@ -143,7 +154,10 @@ func (c *etcdFloorContender) Close() error {
 // i creates its own key, then blocks on it (a GET with ?index= its last
 // ModifyIndex); its Lock returns when the key's ModifyIndex moves (a turn),
 // and its Unlock writes contender i+1's key (mod n). Contender 0 holds the
-// first turn.
+// first turn (contenders 0 to Tokens-1 one each for a semaphore's floor).
+// Each key has one writer, its predecessor, which writes the number of
+// turns it has passed so far: a blocking query that sees two writes at once
+// (several tokens) still counts both turns.
 func (t *ConsulTarget) FloorImpl() Impl { return consulFloor{t} }
 
 type consulFloor struct{ t *ConsulTarget }
@@ -172,9 +186,7 @@ func (i consulFloor) NewContender(ctx context.Context, cfg ContenderConfig) (Con
 		return nil, fmt.Errorf("floor: read own key: %v", err)
 	}
 	c := &consulFloorContender{cli: cli, tr: tr, own: own, next: floorKey(cfg.Lock, (cfg.Index+1)%cfg.Count), index: kv.ModifyIndex}
-	if cfg.Index == 0 {
-		c.pending = 1
-	}
+	c.pending = initialTurns(cfg)
 	return c, nil
 }
 
@@ -183,8 +195,9 @@ type consulFloorContender struct {
 	tr        *http.Transport
 	own, next string
 	index     uint64 // ModifyIndex of the own key's last write seen
+	got       int64  // turns received: the own key's last value seen
 	pending   int
-	seq       int64
+	seq       int64 // turns passed: the value written to the next key
 	closeOnce sync.Once
 }
 
@@ -203,7 +216,12 @@ func (c *consulFloorContender) Lock(ctx context.Context) (Held, error) {
 		}
 		if kv != nil && kv.ModifyIndex > c.index {
 			c.index = kv.ModifyIndex
-			c.pending++
+			v, err := strconv.ParseInt(string(kv.Value), 10, 64)
+			if err != nil || v < c.got {
+				return Held{}, fmt.Errorf("floor: bad turn count %q after %d", kv.Value, c.got)
+			}
+			c.pending += int(v - c.got)
+			c.got = v
 		}
 	}
 	c.pending--

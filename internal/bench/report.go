@@ -30,7 +30,7 @@ func WriteRatioJSON(w io.Writer, q Ratio) error {
 // line per holdfast/native pair and the notes of takeover rows.
 func WriteTable(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tbackend\timpl\tnodes\tn\thold_ms\tdelay_ms\tacq\tacq/s\tvs_native\tof_floor\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tbytes/acq\tviol\terr\t")
+	fmt.Fprintln(tw, "scenario\tbackend\timpl\tnodes\tn\twaiters\thold_ms\tdelay_ms\tacq\tacq/s\tvs_native\tof_floor\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tbytes/acq\tviol\terr\t")
 	for _, r := range s.Results {
 		vsNative := "-"
 		if r.Impl == ImplHoldfast {
@@ -45,14 +45,26 @@ func WriteTable(w io.Writer, s Summary) error {
 		if r.Nodes > 0 {
 			nodes = fmt.Sprint(r.Nodes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
-			r.Scenario, r.Backend, r.Impl, nodes, r.Contenders, f(r.HoldMS), fp(r.LockDelayMS),
+		waiters := "-"
+		if r.Waiters != nil {
+			waiters = fmt.Sprint(*r.Waiters)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
+			r.Scenario, r.Backend, r.Impl, nodes, r.Contenders, waiters, f(r.HoldMS), fp(r.LockDelayMS),
 			r.Acquisitions, f(r.AcqPerS), vsNative, fp(r.OfFloor), f(r.HandoffsPerS), fp(r.HandoffP50MS), fp(r.HandoffP99MS),
 			fp(r.CycleP50MS), fp(r.TakeoverMS), fp(r.NoticeMS), fp(r.Fairness), fp(r.RPCsPerAcq), fp(r.BytesPerAcq),
 			r.Violations, r.Errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, spec := range registry {
+		if spec.table == nil {
+			continue
+		}
+		if err := spec.table(w, s.Other); err != nil {
+			return err
+		}
 	}
 	if len(s.Ratios) > 0 {
 		fmt.Fprintln(w)

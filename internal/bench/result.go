@@ -20,6 +20,9 @@ type Result struct {
 	// Rounds is the number of alternation rounds the row's window was
 	// split into (contended rows).
 	Rounds int `json:"rounds,omitempty"`
+	// Waiters is the waiters scenario's number of waiters (the row has
+	// waiters+1 contenders: one holds while the others wait).
+	Waiters *int `json:"waiters,omitempty"`
 	// Limit is the semaphore scenario's limit (how many may hold at once).
 	Limit  *int    `json:"limit,omitempty"`
 	HoldMS float64 `json:"hold_ms"`

@@ -187,8 +187,6 @@ type Options struct {
 	// Waiters of the waiters scenario: one row per number of waiters on
 	// one lock. Default 2, 16, 128, 512.
 	Waiters []int
-	// Locks of the many-locks scenario: numbers of locks held at once.
-	Locks []int
 	// Quick runs every scenario with its quick settings (see
 	// scenarioSpec.quick) instead of these options' counts and windows.
 	Quick bool

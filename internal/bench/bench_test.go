@@ -133,7 +133,7 @@ func TestJainAndPercentile(t *testing.T) {
 }
 
 func TestRunRejectsBadInput(t *testing.T) {
-	for _, o := range []Options{{Contenders: []int{0}}, {Duration: -1}, {LockDelays: []time.Duration{61 * time.Second}}} {
+	for _, o := range []Options{{Contenders: []int{0}}, {Duration: -1}, {LockDelays: []time.Duration{61 * time.Second}}, {Waiters: []int{0}}, {Waiters: []int{1024}}, {Rounds: -1}, {Rounds: 101}} {
 		if _, err := Run(context.Background(), nil, ScenarioLock, o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}

@@ -181,9 +181,12 @@ func (i consulFloor) NewContender(ctx context.Context, cfg ContenderConfig) (Con
 		return nil, err
 	}
 	kv, _, err := cli.KV().Get(own, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
-	if err != nil || kv == nil {
+	if err == nil && kv == nil {
+		err = errors.New("not found after it was written")
+	}
+	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, fmt.Errorf("floor: read own key: %v", err)
+		return nil, fmt.Errorf("floor: read own key %s: %w", own, err)
 	}
 	c := &consulFloorContender{cli: cli, tr: tr, own: own, next: floorKey(cfg.Lock, (cfg.Index+1)%cfg.Count), index: kv.ModifyIndex}
 	c.pending = initialTurns(cfg)

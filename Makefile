@@ -23,8 +23,12 @@ lint:
 demo:
 	$(GO) run ./cmd/holdfast demo
 
-bench:
-	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all
+# Every scenario on both stores, holdfast vs native vs floor (see
+# internal/bench/doc.go); BENCH_FLAGS=--quick for the smoke run (under 2 minutes).
+BENCH_FLAGS ?=
+bench: consul
+	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all $(BENCH_FLAGS)
+	$(GO) run ./cmd/holdfast bench --backend consul --scenario all $(BENCH_FLAGS)
 
 # Remove each safety guard in turn (docs/GUARDS.md) and check that the tests
 # meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.

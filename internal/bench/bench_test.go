@@ -53,13 +53,13 @@ func TestEtcdLockShort(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\n%s", err, log.String())
 	}
-	if len(sum.Results) != 2 || len(streamed) != 2 {
-		t.Fatalf("got %d results (%d streamed), want 2", len(sum.Results), len(streamed))
+	if len(sum.Results) != 3 || len(streamed) != 3 {
+		t.Fatalf("got %d results (%d streamed), want 3", len(sum.Results), len(streamed))
 	}
 	if len(ratios) != 1 || len(sum.Ratios) != 1 {
 		t.Fatalf("got %d ratios, want 1", len(ratios))
 	}
-	for i, want := range []string{ImplHoldfast, ImplNative} {
+	for i, want := range []string{ImplHoldfast, ImplNative, ImplFloor} {
 		r := sum.Results[i]
 		b, _ := json.Marshal(r)
 		t.Log(string(b))
@@ -90,6 +90,20 @@ func TestEtcdLockShort(t *testing.T) {
 		if r.CycleP50MS != nil {
 			t.Errorf("%s: cycle_p50_ms set on a 2-contender row", r.Impl)
 		}
+		if (r.OfFloor == nil) != (r.Impl == ImplFloor) {
+			t.Errorf("%s: of_floor %v: want it on every row but the floor's", r.Impl, fp(r.OfFloor))
+		}
+		if r.Rounds != 3 || r.Nodes != 1 || r.BytesPerAcq == nil || *r.BytesPerAcq <= 0 {
+			t.Errorf("%s: rounds %d nodes %d bytes/acq %v", r.Impl, r.Rounds, r.Nodes, fp(r.BytesPerAcq))
+		}
+	}
+	// The floor's Unlock is one Put, its Lock a watch event: one unary
+	// RPC per turn.
+	if fl := sum.Results[2]; fl.RPCsPerAcq == nil || *fl.RPCsPerAcq != 1 {
+		t.Errorf("floor: rpcs_per_acq %v, want 1", fp(fl.RPCsPerAcq))
+	}
+	if q := sum.Ratios[0]; q.HoldfastOfFloor == nil || q.NativeOfFloor == nil {
+		t.Errorf("ratio without of_floor: %+v", q)
 	}
 	if sum.Failed() {
 		t.Errorf("summary failed: %+v", sum)
@@ -119,7 +133,7 @@ func TestJainAndPercentile(t *testing.T) {
 }
 
 func TestRunRejectsBadInput(t *testing.T) {
-	for _, o := range []Options{{Contenders: []int{0}}, {Duration: -1}, {LockDelays: []time.Duration{61 * time.Second}}} {
+	for _, o := range []Options{{Contenders: []int{0}}, {Duration: -1}, {LockDelays: []time.Duration{61 * time.Second}}, {Waiters: []int{0}}, {Waiters: []int{1024}}, {Rounds: -1}, {Rounds: 101}} {
 		if _, err := Run(context.Background(), nil, ScenarioLock, o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}
@@ -166,14 +180,21 @@ func TestConsulShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sum.Results) != 2 || len(sum.Ratios) != 1 {
-		t.Fatalf("got %d results and %d ratios, want 2 and 1", len(sum.Results), len(sum.Ratios))
+	if len(sum.Results) != 3 || len(sum.Ratios) != 1 {
+		t.Fatalf("got %d results and %d ratios, want 3 and 1", len(sum.Results), len(sum.Ratios))
 	}
-	for _, r := range sum.Results {
-		t.Logf("%s: %d acquisitions, fairness %v, rpcs/acq %v", r.Impl, r.Acquisitions, fp(r.Fairness), fp(r.RPCsPerAcq))
+	for i, r := range sum.Results {
+		t.Logf("%s: %d acquisitions, fairness %v, rpcs/acq %v, of_floor %v", r.Impl, r.Acquisitions, fp(r.Fairness), fp(r.RPCsPerAcq), fp(r.OfFloor))
 		if r.Violations != 0 || r.Errors != 0 || r.Acquisitions < 1 || r.RPCUnit != "http-request" || r.RPCsPerAcq == nil {
 			t.Errorf("%+v", r)
 		}
+		if r.Impl != []string{ImplHoldfast, ImplNative, ImplFloor}[i] || (r.OfFloor == nil) != (r.Impl == ImplFloor) {
+			t.Errorf("row %d: impl %s of_floor %v", i, r.Impl, fp(r.OfFloor))
+		}
+	}
+	// The floor's turn is one PUT and one blocking GET that returns it.
+	if fl := sum.Results[2]; *fl.RPCsPerAcq < 1.9 || *fl.RPCsPerAcq > 2.1 {
+		t.Errorf("floor: rpcs_per_acq %v, want 2", *fl.RPCsPerAcq)
 	}
 	sum, err = Run(ctx, target, ScenarioTakeover, Options{LockDelays: []time.Duration{0}, Repeats: 1})
 	if err != nil {

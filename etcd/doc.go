@@ -16,12 +16,10 @@
 // and "<name>/write/..."), which it excludes and is excluded by; a write
 // grant can be downgraded to a read grant in place. Their permits and
 // grants are the same *Grant as a Mutex's (token, guarded Txn, loss
-// notice). The waiters of all three (and an Election's candidates) are
-// woken by one watch of the name's prefix, created with their join, so an
-// acquisition costs two requests whatever the number of contenders, and a
-// handoff is the holder's delete and one notification. A Mutex, a Semaphore
-// and a RWMutex may not share a name: whoever comes second gets
-// holdfast.ErrConflict.
+// notice). Their waiters are woken by one watch of the name's prefix,
+// opened before they join, so an acquisition costs two requests whatever
+// the number of contenders. A Mutex, a Semaphore and a RWMutex may not
+// share a name: whoever comes second gets holdfast.ErrConflict.
 //
 // An [Election] has the key layout of concurrency.Election (candidates'
 // keys "<name>/<lease ID in hex>" with the proposal as value, the leader

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/etcd"
 )
@@ -21,6 +23,7 @@ import (
 // receives (unary and streams: watch notifications, keepalives).
 type traffic struct {
 	requests atomic.Int64
+	serial   atomic.Int64 // Txns whose every op is a serializable range
 	in, out  atomic.Int64
 	watchOut atomic.Int64 // messages sent on watch streams
 }
@@ -50,11 +53,26 @@ func (tr *traffic) HandleRPC(ctx context.Context, s stats.RPCStats) {
 func (tr *traffic) client(t *testing.T, c *embedtest.Cluster) *clientv3.Client {
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		tr.requests.Add(1)
+		if txn, ok := req.(*pb.TxnRequest); ok && serializable(txn) {
+			tr.serial.Add(1)
+		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	return c.Client(t, func(cfg *clientv3.Config) {
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(count), grpc.WithStatsHandler(tr))
 	})
+}
+
+// serializable reports whether every op of txn is a serializable range.
+func serializable(txn *pb.TxnRequest) bool {
+	for _, ops := range [][]*pb.RequestOp{txn.Success, txn.Failure} {
+		for _, op := range ops {
+			if r := op.GetRequestRange(); r == nil || !r.Serializable {
+				return false
+			}
+		}
+	}
+	return len(txn.Success) > 0
 }
 
 // lockRPCsPerAcquisition runs n contenders of one Mutex (one session each,
@@ -132,11 +150,12 @@ func TestLockRPCsFlat(t *testing.T) {
 	flat(t, figures)
 }
 
-// A handoff costs the holder's release and nothing else: the waiter next in
-// line sends no request between the holder's Unlock and its own grant (its
-// watch's notification is the predecessor and own-key check), and the
-// holder's Unlock is one request.
-func TestHandoffNoRequest(t *testing.T) {
+// A handoff costs the holder's release and one serializable read: the
+// waiter next in line sends exactly one request between the holder's Unlock
+// and its own grant, its own-key and predecessor check, a serializable Txn
+// (a linearizable one would wait for a round of raft, behind the next
+// write), and the holder's Unlock is one request.
+func TestHandoffOneSerializableRead(t *testing.T) {
 	c := embedtest.Etcd(t)
 	ctx := context.Background()
 	var ta, tb traffic
@@ -174,7 +193,7 @@ func TestHandoffNoRequest(t *testing.T) {
 		}()
 		waitQueued(t, cli, "handoff-rpcs", 2)
 		time.Sleep(100 * time.Millisecond) // the waiter's watch is confirmed
-		before, hbefore := tw.requests.Load(), th.requests.Load()
+		before, hbefore, sbefore := tw.requests.Load(), th.requests.Load(), tw.serial.Load()
 		if err := g.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -190,8 +209,8 @@ func TestHandoffNoRequest(t *testing.T) {
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if d := tw.requests.Load() - before; d != 0 {
-			t.Errorf("round %d: the waiter sent %d requests between the holder's Unlock and its grant, want 0", round, d)
+		if d, ds := tw.requests.Load()-before, tw.serial.Load()-sbefore; d != 1 || ds != 1 {
+			t.Errorf("round %d: the waiter sent %d requests (%d serializable Txns) between the holder's Unlock and its grant, want 1 (1)", round, d, ds)
 		}
 		if err := r.g.Unlock(ctx); err != nil {
 			t.Fatal(err)
@@ -255,11 +274,9 @@ func TestLockCountsOnlyKeysAhead(t *testing.T) {
 	}
 }
 
-// A Mutex whose last Lock found the lock free sends its next join without a
-// watch: uncontended, Lock and Unlock are two requests and nothing on a
-// watch stream (but the session's own watch of a grant held past 20 ms,
-// which is told apart by its count of creations: one create and one cancel
-// each).
+// Uncontended, Lock and Unlock are two requests and nothing on a watch
+// stream (but the session's own watch of a grant held past 20 ms, which is
+// told apart by its count of creations: one create and one cancel each).
 func TestUncontendedNoWatch(t *testing.T) {
 	c := embedtest.Etcd(t)
 	ctx := context.Background()
@@ -279,7 +296,7 @@ func TestUncontendedNoWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cycle() // a new Mutex assumes contention: its first join comes with a watch
+	cycle()
 	time.Sleep(200 * time.Millisecond)
 	const rounds = 10
 	created, _ := etcd.WatchCreates(s)

@@ -19,14 +19,6 @@ const watchDelay = 20 * time.Millisecond
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
 // lease; the holder is the key with the lowest create revision.
 //
-// Waiting costs no request: each waiter watches the name's prefix (one watch,
-// created with its join) and crosses out the keys ahead of it as they are
-// deleted, so an acquisition costs two requests (join and release) whatever
-// the number of waiters, and the waiter next in line is granted the lock on
-// the notification of the holder's delete, without a request of its own.
-// In exchange, every waiter is sent every deletion under the name. A Mutex
-// whose last Lock found the lock free sends no watch with its next join.
-//
 // A lock's name may not be a prefix of another's at a "/": while the lock
 // "a/b" has keys (a holder or waiters), Lock and TryLock of "a" fail with an
 // error wrapping holdfast.ErrConflict, as they do on Consul; "a/b" itself is
@@ -116,7 +108,7 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	}
 	if err != nil {
 		if try && (errors.Is(err, holdfast.ErrLocked) || errors.Is(err, holdfast.ErrConflict)) ||
-			rev == notJoined || rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
+			rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
 			free() // refused: nothing was written
 		} else {
 			m.q.cleanup(rev, free)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -30,15 +29,17 @@ type queue struct {
 	pfx   string // "<name>/"
 	key   string // pfx + lease ID in hex (the RW lock's keys add "read/" or "write/")
 	value string // our key's value: "" for the mutex; a semaphore's keys carry its limit
-
-	// free, if not nil, says that the last join through this queue found no
-	// key blocking it: the next join is sent without the watch (see
-	// acquireCounted), so that an uncontended lock costs no watch.
-	free *atomic.Bool
 }
 
 func newQueue(s *Session, pfx string) queue {
-	return queue{s: s, pfx: pfx, key: fmt.Sprintf("%s%x", pfx, int64(s.lease)), free: new(atomic.Bool)}
+	return queue{s: s, pfx: pfx, key: fmt.Sprintf("%s%x", pfx, int64(s.lease))}
+}
+
+// ahead is what a waiter knows of the keys ahead of it.
+type ahead struct {
+	pred *mvccpb.KeyValue // the key just before ours; nil: we hold
+	head *mvccpb.KeyValue // the first key, the holder's
+	seen int64            // the revision they were read at
 }
 
 // tryAcquire puts our key only if no key exists under the prefix, in one
@@ -64,113 +65,72 @@ func (q queue) tryAcquire(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// acquire is the mutex's (and the election's) waiting algorithm: the
-// counting waiters' one (see acquireCounted), with a limit of one and the
-// keys created before ours as what blocks us (lockCounter). It returns the
-// create revision of our key once we hold, or an error; on error rev is what
-// the caller must clean up (0: our key may or may not exist; notJoined:
-// nothing was written).
+// acquire is the whole waiting algorithm. It returns the create revision of
+// our key once we hold, or an error; on error rev is what the caller must
+// clean up (0: our key may or may not exist).
 //
-//  1. Send the creation of a watch of the prefix's deletions, from the
-//     server's current revision, and at once
-//  2. join: one Txn puts our key (if absent) and, before the put, reads the
-//     names of the keys under the prefix (all ahead of us) and the first one
-//     with its value. None: we hold, and the watch is cancelled unused. If
-//     our key existed already (left in this session by an abandoned
-//     attempt), reuse it, as concurrency.Mutex does, and read the keys
-//     created before it. A key ahead of a longer name ("<prefix>b/...") or a
-//     semaphore's fails with holdfast.ErrConflict.
-//  3. Wait: the watch's events come in revision order, with no gap, from the
-//     revision it was created at (the server says which). If that is after
-//     our join's, one Txn re-reads the keys ahead (with the own-key check);
-//     else nothing is read. Each deletion of a key ahead crosses it out; once
-//     none is left, we hold. A deletion of our own key, which the same watch
-//     delivers in order before the event that would let us in, fails with
-//     holdfast.ErrLost: the own-key check costs no request.
-//
-// So the handoff's critical path is the holder's guarded delete and one
-// notification: the waiter sends nothing before it holds.
+//  1. Join: one Txn puts our key (if absent) and, before the put, reads the
+//     last-created key under the prefix (our predecessor) and the first one
+//     (the holder). No predecessor: we hold. If our key existed already
+//     (left in this session by an abandoned attempt), reuse it, as
+//     concurrency.Mutex does, and read ahead of it as in step 3. If a key
+//     ahead belongs to a longer name ("<prefix>b/..."), fail with
+//     holdfast.ErrConflict (this check follows every read).
+//  2. Wait until the predecessor is deleted, on a watch that starts at the
+//     server's current revision (see wait), ending early if ctx or the
+//     session ends.
+//  3. Re-check our own key and read ahead: one Txn that succeeds only if our
+//     key still has our create revision (else our lease or key is gone and
+//     we must not take the lock) and reads the new predecessor and holder.
+//     No predecessor: we hold. Else go to 2. The Txn is serializable, at a
+//     revision no earlier than the deletion's (see read): it is the one step
+//     of the handoff's critical path besides the holder's delete and the
+//     notification, and a linearizable read would wait there for raft.
+//  4. Cleanup (by the caller, in the session's background): on any error our
+//     key is deleted if it is still ours.
 //
 // ctx must already end with the session (see Mutex.Lock).
 func (q queue) acquire(ctx context.Context) (rev int64, err error) {
-	return q.acquireCounted(ctx, &lockCounter{q: q})
-}
-
-// lockCounter: what blocks a mutex's (or a candidate's) key is every key
-// created before it. It remembers them by name: the first deletion of a
-// name after the read deletes the incarnation that was read (a later
-// incarnation of the name is created after our key, behind us).
-type lockCounter struct {
-	q     queue
-	ahead map[string]bool
-}
-
-// plain: the keys carry no value that must match ours, and the watch needs
-// no previous values.
-func (c *lockCounter) plain() {}
-
-func (c *lockCounter) limit() int { return 1 }
-
-func (c *lockCounter) watchOpts() []clientv3.OpOption {
-	return []clientv3.OpOption{clientv3.WithFilterPut()}
-}
-
-// joinOps: the names of every key (all are ahead of us in the join), and the
-// first one with its value (if any key ahead is a semaphore's, the first is:
-// a semaphore joins only where every key is one).
-func (c *lockCounter) joinOps() []clientv3.Op {
-	return []clientv3.Op{
-		clientv3.OpGet(c.q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(c.q.pfx, clientv3.WithFirstCreate()...),
-	}
-}
-
-func (c *lockCounter) joinCount(rs []*pb.ResponseOp) (int, error) { return c.count(rs) }
-
-func (c *lockCounter) recountOps(rev int64) []clientv3.Op {
-	return []clientv3.Op{
-		clientv3.OpGet(c.q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1)),
-		clientv3.OpGet(c.q.pfx, append(clientv3.WithFirstCreate(), clientv3.WithMaxCreateRev(rev-1))...),
-	}
-}
-
-func (c *lockCounter) recount(rs []*pb.ResponseOp, _ int64) (int, error) { return c.count(rs) }
-
-func (c *lockCounter) count(rs []*pb.ResponseOp) (int, error) {
-	kvs := rs[0].GetResponseRange().GetKvs()
-	check := make([]*mvccpb.KeyValue, 0, len(kvs)+1)
-	if err := c.q.conflict(append(append(check, kvs...), first(rs[1]))...); err != nil {
+	last := clientv3.OpGet(q.pfx, clientv3.WithLastCreate()...)
+	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
+	resp, err := q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
+	if err != nil {
 		return 0, err
 	}
-	c.ahead = make(map[string]bool, len(kvs))
-	for _, kv := range kvs {
-		c.ahead[string(kv.Key)] = true
+	var a ahead
+	if resp.Succeeded {
+		rev = resp.Header.Revision // our put's revision is our key's create revision
+		a = ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: rev}
+	} else {
+		mine := first(resp.Responses[0])
+		if mine == nil {
+			return 0, errors.New("own key vanished")
+		}
+		rev = mine.CreateRevision
+		if string(mine.Value) != q.value { // publish our value, as concurrency.Election does
+			put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+			if _, err := q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).Then(put).Commit(); err != nil {
+				return rev, err // else read checks that our key is still ours
+			}
+		}
+		if a, err = q.read(ctx, rev, rev); err != nil {
+			return rev, err
+		}
 	}
-	return len(c.ahead), nil
+	for {
+		if err := q.conflict(a.pred, a.head); err != nil {
+			return rev, err
+		}
+		if a.pred == nil {
+			return rev, nil
+		}
+		if a, err = q.wait(ctx, rev, a); err != nil {
+			return rev, err
+		}
+	}
 }
-
-// event: the deletion of a key ahead (the first after the count) frees our
-// way by one.
-func (c *lockCounter) event(ev *clientv3.Event, _ int64) (int, bool) {
-	if ev.Type != mvccpb.DELETE {
-		return 0, false
-	}
-	if mutant.On("etcd/lock-count") {
-		return 1, false // any deletion, as if it were ahead of us
-	}
-	if key := string(ev.Kv.Key); c.ahead[key] {
-		delete(c.ahead, key)
-		return 1, false
-	}
-	return 0, false
-}
-
-func (c *lockCounter) mismatch(*mvccpb.KeyValue) error { return nil }
-
-// plainCounter is a counter whose keys carry no value that must match ours
-// (the join puts our key without comparing values), and whose watch needs
-// no previous values.
-type plainCounter interface{ plain() }
 
 // conflict returns an error wrapping holdfast.ErrConflict if one of kvs is
 // not a contender's key "<prefix><lease hex>" but a key of a longer name
@@ -191,9 +151,110 @@ func (q queue) conflict(kvs ...*mvccpb.KeyValue) error {
 	return nil
 }
 
+// wait waits until a.pred is deleted and returns what is ahead after that.
+//
+// The watch starts at the server's current revision, so the server serves it
+// at once. (A watch from a past revision, such as a.seen, the revision of
+// our read, joins the server's "unsynced" group, served every 100 ms: that is
+// the handoff stall of concurrency.Mutex.) If the revision moved between our read and the
+// watch's creation, the deletion may fall in that gap. When the predecessor
+// is the holder, whose release is imminent, we read again once, with the
+// watch in place, so that the wake-up is prompt either way. Otherwise a
+// second watch from a.seen+1 covers the gap: exact, and slow only in the
+// unlikely case that a waiter deeper in the queue went away in that instant.
+func (q queue) wait(ctx context.Context, rev int64, a ahead) (ahead, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	key := string(a.pred.Key)
+	var now clientv3.WatchChan
+	if !mutant.On("etcd/watch-now") {
+		now = q.s.client.Watch(wctx, key, clientv3.WithCreatedNotify())
+	} else {
+		now = q.s.client.Watch(wctx, key, clientv3.WithRev(a.seen)) // as concurrency.Mutex does
+	}
+	var gap clientv3.WatchChan // nil until needed
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-now:
+		case wr, ok = <-gap:
+		}
+		if !ok || wr.Canceled || wr.Err() != nil {
+			break
+		}
+		if wr.Created && wr.Header.Revision > a.seen {
+			if !same(a.pred, a.head) {
+				gap = q.s.client.Watch(wctx, key, clientv3.WithRev(a.seen+1))
+				continue
+			}
+			r, err := q.read(ctx, rev, wr.Header.Revision)
+			if err != nil || !same(r.pred, a.pred) {
+				return r, err
+			}
+			continue // still there: the watch, created before this read, will see it go
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return q.read(ctx, rev, ev.Kv.ModRevision)
+			}
+		}
+	}
+	// A watch ended: our context or session ended, the member lost its
+	// leader, or history was compacted. Read again (or fail).
+	if err := ctx.Err(); err != nil {
+		return ahead{}, err
+	}
+	return q.read(ctx, rev, 0)
+}
+
+// same reports whether a and b are the same incarnation of a key.
+func same(a, b *mvccpb.KeyValue) bool {
+	return a != nil && b != nil && string(a.Key) == string(b.Key) && a.CreateRevision == b.CreateRevision
+}
+
+// read checks that our key still has create revision rev and reads what is
+// ahead of it, in one Txn, at a revision no earlier than least (0: a
+// linearizable read). Transport errors (a leader election, say) are retried
+// until ctx ends.
+//
+// With least > 0 the Txn is serializable: the member answers from what it
+// has applied, without the round of raft (ReadIndex) that a linearizable
+// read waits for, which on a busy lock is queued behind the next raft write
+// (the releaser's next join, typically). That is exact: the answer is one
+// consistent snapshot at the member's revision R, and R >= least is checked
+// (a member further behind is asked again, linearizably). If at R our key
+// has create revision rev and no key under the prefix was created before
+// it, then our key existed at every revision from rev to R (an incarnation
+// of a key is one unbroken stretch of revisions), so at least at the
+// deletion that woke us, and we hold at R: no key can be created ahead of
+// us later. If our key is gone at R >= rev, it was deleted: holdfast.ErrLost.
+func (q queue) read(ctx context.Context, rev, least int64) (ahead, error) {
+	opts := func(o ...clientv3.OpOption) []clientv3.OpOption {
+		if least > 0 {
+			o = append(o, clientv3.WithSerializable())
+		}
+		return o
+	}
+	last := clientv3.OpGet(q.pfx, opts(append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)...)
+	head := clientv3.OpGet(q.pfx, opts(clientv3.WithFirstCreate()...)...)
+	resp, err := q.check(ctx, rev, last, head)
+	if resp != nil && resp.Header.Revision < least {
+		// The member is behind what we know (another member's watch woke
+		// us): its answer, even "our key is gone", may be older than our
+		// key or the deletion. Ask again, linearizably.
+		return q.read(ctx, rev, 0)
+	}
+	if err != nil {
+		return ahead{}, err
+	}
+	return ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
+}
+
 // check runs ops in one Txn that succeeds only if our key still has create
 // revision rev, and fails with an error wrapping holdfast.ErrLost if it does
-// not. Transport errors are retried until ctx ends.
+// not (returning the answer too, whose revision says when that was).
+// Transport errors are retried until ctx ends.
 func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	txn := q.s.client.Txn(ctx)
 	if !mutant.On("etcd/recheck-own-key") {
@@ -205,7 +266,7 @@ func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clien
 		resp, err := txn.Commit()
 		if err == nil {
 			if !resp.Succeeded {
-				return nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
+				return resp, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
 			}
 			return resp, nil
 		}
@@ -297,47 +358,38 @@ func first(op *pb.ResponseOp) *mvccpb.KeyValue {
 	return r.Kvs[0]
 }
 
-// Counting waiters: the mutex, the election, the semaphore and the
-// read-write lock.
+// Counting waiters: the semaphore and the read-write lock.
 //
 // A counting waiter holds when fewer than limit keys that block it were
-// created before its own (a mutex's or candidate's key: any key, limit 1; a
-// semaphore's permit: any key; a writer: any key, limit 1; a reader:
-// writers, limit 1). Its waiting is driven by one watch of the whole
-// prefix, whose creation is sent BEFORE the join, and started at the
-// server's current revision, so that the server serves it at once (a watch
-// from a past revision joins the server's "unsynced" group, served every
-// 100 ms: the handoff stall of concurrency.Mutex):
+// created before its own (a semaphore's permit: any key; a writer: any key,
+// limit 1; a reader: writers, limit 1). Its waiting is driven by one watch
+// of the whole prefix, opened BEFORE the join so that no event after the
+// join can be missed, and started at the server's current revision, so that
+// the server serves it at once (see wait for the 100 ms stall of watches
+// from a past revision):
 //
-//  1. Send the watch's creation (deletions, with their previous value if
-//     the counter needs it; the reader also needs puts). Do not wait for it.
+//  1. Watch the prefix (deletions with their previous value; the reader
+//     also needs puts) and wait until the server confirms the watch.
 //  2. Join: one Txn puts our key (if absent) and, before the put, counts
 //     the keys that block us (all of them are ahead of us then). Fewer than
-//     limit: we hold (the watch is cancelled unused). A join whose outcome
-//     is unknown (transport error) is sent again: if the first one put our
-//     key, the second reuses it.
-//  3. Wait for the server's confirmation of the watch: it names the
-//     revision after which the watch sees every event. If that is after the
-//     join's revision (the creation reached the server late), recount in
-//     one Txn that also checks that our key still has its create revision;
-//     else the watch covers every revision after the join, and nothing is
-//     read.
-//  4. Wait: every event after the count that removes a key that blocks us
-//     lowers the count (the counter says which events count); when it drops
-//     below limit, we hold. The watch also covers our own key, and its
-//     events come in revision order: if our key was deleted (lease revoked,
-//     key removed), we see that before any event that would let us hold, and
+//     limit: we hold. A join whose outcome is unknown (transport error) is
+//     sent again: if the first one put our key, the second reuses it.
+//  3. Wait: every event after the join that removes a key created before
+//     ours (its previous value's create revision is below ours) lowers the
+//     count (the counter says which events count); when it drops below
+//     limit, we hold. The watch also covers our own key, and its events come
+//     in revision order: if our key was deleted (lease revoked, key
+//     removed), we see that before any event that would let us hold, and
 //     fail with holdfast.ErrLost. That is the own-key re-check, at the
 //     revision of the event that lets us in, and it costs no request.
-//  5. If the watch breaks (our member lost its leader, say) or an event
-//     cannot be classified, open a new watch, wait for its confirmation,
-//     and recount as in step 3.
-//  6. Cleanup (queue.cleanup) by the caller.
+//  4. If the watch breaks (our member lost its leader, say) or an event
+//     cannot be classified, open a new watch (step 1) and recount in one Txn
+//     that also checks that our key still has its create revision.
+//  5. Cleanup as for the mutex (queue.cleanup), by the caller.
 //
 // So an acquisition costs two requests (the join, and the release) however
-// many contenders there are, and a handoff is the holder's delete and one
-// notification; waiting costs no request, but every waiter is sent every
-// deletion under the prefix (watch notifications on its stream, not
+// many contenders there are; waiting costs none, but every waiter is sent
+// every deletion under the prefix (watch notifications on its stream, not
 // requests), so the server's work per release grows with the number of
 // waiters.
 
@@ -378,13 +430,11 @@ const conflictScan = 256
 // caller must clean up (rev 0: our key may or may not exist; notJoined:
 // nothing was written).
 func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err error) {
-	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer func() { stop() }()
-	var wch clientv3.WatchChan
-	now := !mutant.On("etcd/watch-now")
-	if now && (q.free == nil || !q.free.Load()) {
-		wch = q.s.client.Watch(wctx, q.pfx, q.watchOpts(c)...) // from the current revision
+	wch, stop, err := q.watchNow(ctx, c)
+	if err != nil {
+		return notJoined, err
 	}
+	defer func() { stop() }()
 	var n int
 	var seen int64
 	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
@@ -407,21 +457,6 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 			return 0, err
 		}
 	}
-	if q.free != nil {
-		q.free.Store(n == 0)
-	}
-	switch {
-	case n < c.limit():
-		return rev, nil
-	case !now:
-		// As concurrency.Mutex does: from the revision of our read, which the
-		// server serves only in its 100 ms unsynced loop once it has moved on.
-		wch = q.s.client.Watch(wctx, q.pfx, append(q.watchOpts(c), clientv3.WithRev(seen))...)
-	case wch == nil:
-		// The last join found the way free, so this one was sent alone: watch
-		// now, from the current revision (recounting if it moved past seen).
-		wch = q.s.client.Watch(wctx, q.pfx, q.watchOpts(c)...)
-	}
 	for {
 		if n < c.limit() {
 			return rev, nil
@@ -433,14 +468,12 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 		case <-ctx.Done():
 			return rev, ctx.Err()
 		}
-		broken := !ok || wr.Canceled || wr.Err() != nil
-		// Created after our count's revision: events in between may be lost.
-		recount := broken || now && wr.Created && wr.Header.Revision > seen
+		recount := !ok || wr.Canceled || wr.Err() != nil
 		for _, ev := range wr.Events {
 			if ev.Kv.ModRevision <= seen {
 				continue // already counted
 			}
-			if string(ev.Kv.Key) == q.key && ev.Type == mvccpb.DELETE && !mutant.On("etcd/semaphore-own-key") && !mutant.On("etcd/recheck-own-key") {
+			if string(ev.Kv.Key) == q.key && ev.Type == mvccpb.DELETE && !mutant.On("etcd/semaphore-own-key") {
 				return rev, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
 			}
 			dec, unsure := c.event(ev, rev)
@@ -453,12 +486,11 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 		if err := ctx.Err(); err != nil {
 			return rev, err
 		}
-		if broken {
+		if !ok || wr.Canceled || wr.Err() != nil {
 			stop()
 			if wch, stop, err = q.watchNow(ctx, c); err != nil {
 				return rev, err
 			}
-			now = true
 		}
 		resp, err := q.check(ctx, rev, c.recountOps(rev)...)
 		if err != nil {
@@ -471,24 +503,16 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 	}
 }
 
-// watchOpts are the options of a counting waiter's watch of the prefix.
-func (q queue) watchOpts(c counter) []clientv3.OpOption {
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
-	if _, plain := c.(plainCounter); !plain {
-		opts = append(opts, clientv3.WithPrevKV())
-	}
-	return append(opts, c.watchOpts()...)
-}
-
 // watchNow opens the counting waiter's watch of the prefix from the
 // server's current revision and waits until the server has created it, so
 // that it covers every revision after this call returns. Failures are
 // retried until ctx ends.
 func (q queue) watchNow(ctx context.Context, c counter) (clientv3.WatchChan, func(), error) {
+	opts := append([]clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}, c.watchOpts()...)
 	pause := 20 * time.Millisecond
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := q.s.client.Watch(wctx, q.pfx, q.watchOpts(c)...)
+		wch := q.s.client.Watch(wctx, q.pfx, opts...)
 		var wr clientv3.WatchResponse
 		var ok bool
 		select {
@@ -516,26 +540,21 @@ func (q queue) watchNow(ctx context.Context, c counter) (clientv3.WatchChan, fun
 // counts, before the put, the keys that block us. It returns our key's
 // create revision, the count and the revision it was read at.
 //
-// If our keys carry a value that every key must share (a semaphore's
-// limit), the put happens only if every key under the prefix carries the
-// same value, or the prefix is empty; otherwise nothing is written and the
-// error (from counter.mismatch) wraps holdfast.ErrConflict. So keys that
-// disagree never coexist, and no contender counts against a limit other
-// than its own.
+// If our keys carry a value (a semaphore's limit), the put happens only if
+// every key under the prefix carries the same value, or the prefix is
+// empty; otherwise nothing is written and the error (from
+// counter.mismatch) wraps holdfast.ErrConflict. So keys that disagree never
+// coexist, and no contender counts against a limit other than its own.
 //
 // If our key exists already (left in this session by an abandoned attempt),
-// it is reused, as concurrency.Mutex does, and counted with a second Txn
-// (which also publishes our value if the key has another: an election's
-// proposal, as concurrency.Election does).
+// it is reused, as the mutex does, and counted with a second Txn.
 func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, seen int64, err error) {
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
 	own := clientv3.OpGet(q.key)
 	then := append(c.joinOps(), put)
 	txn := q.s.client.Txn(ctx)
-	_, plain := c.(plainCounter)
-	uniform := q.value != "" && !plain
-	if !uniform {
+	if q.value == "" {
 		txn = txn.If(absent).Then(then...).Else(own)
 	} else {
 		cmps := []clientv3.Cmp{absent}
@@ -557,7 +576,7 @@ func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, se
 		return resp.Header.Revision, n, resp.Header.Revision, err
 	}
 	rs := resp.Responses
-	if uniform {
+	if q.value != "" {
 		inner := rs[0].GetResponseTxn()
 		if inner.Succeeded { // the prefix was empty: we hold
 			return resp.Header.Revision, 0, resp.Header.Revision, nil
@@ -585,19 +604,10 @@ func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, se
 		return 0, 0, 0, errors.New("own key vanished")
 	}
 	rev = mine.CreateRevision
-	ops := c.recountOps(rev)
-	publish := !uniform && string(mine.Value) != q.value
-	if publish {
-		ops = append([]clientv3.Op{put}, ops...)
-	}
-	r, err := q.check(ctx, rev, ops...)
+	r, err := q.check(ctx, rev, c.recountOps(rev)...)
 	if err != nil {
 		return rev, 0, 0, err
 	}
-	rs = r.Responses
-	if publish {
-		rs = rs[1:]
-	}
-	n, err = c.recount(rs, rev)
+	n, err = c.recount(r.Responses, rev)
 	return rev, n, r.Header.Revision, err
 }

@@ -24,7 +24,6 @@ etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
 etcd/txn-guard|./leader/|TestManyFailoversEtcd
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
-etcd/lock-count|./etcd/|TestLockCountsOnlyKeysAhead
 etcd/watch-now|./etcd/|TestHandoffNoStall
 etcd/semaphore-count|./etcd/|TestSemaphoreCountsOnlyKeysAhead
 etcd/semaphore-own-key|./etcd/|TestSemaphoreWaiterKeyDeleted

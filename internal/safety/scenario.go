@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -35,9 +36,13 @@ type Summary struct {
 	// Witnesses explain a history that is not linearizable (see Explain).
 	Witnesses []string
 	LeftKeys  []string
-	// MaxNotice is the longest time from a fault that cut a holder off to
-	// its grant context being done; MaxTakeover the longest from such a
-	// fault (or a session kill) to the next grant of a newer token.
+	// Ended is how many grants a fault ended: a holder cut off (its
+	// connection blackholed or frozen, its session destroyed) whose grant
+	// context was done with a loss, not a release, within the fault's
+	// window (while it lasted, plus the TTL). MaxNotice is the longest time
+	// from such a fault to the grant's context being done; MaxTakeover the
+	// longest from such a fault to the next grant of a newer token.
+	Ended                  int
 	MaxNotice, MaxTakeover time.Duration
 }
 
@@ -56,19 +61,21 @@ func (s Summary) String() string {
 	sort.Strings(faults)
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s
-operations: grants=%d lock_failures=%d sessions=%d lost=%d fenced_writes=%d stale_writes_rejected=%d
+operations: grants=%d lock_failures=%d sessions=%d lost=%d
+fenced writes: accepted=%d rejected=%d (stale)
 violations: fence=%d told_first=%d (of %d grants) linearizable=%v keys_left=%d
-worst fault-to-notice: %v; worst takeover: %v`,
+grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
-		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes, s.Rejected,
+		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
 		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, s.Linearizable, len(s.LeftKeys),
-		s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
+		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
 }
 
 // faultLog counts faults and measures notice and takeover times.
 type faultLog struct {
 	mu        sync.Mutex
 	counts    map[string]int
+	ended     int
 	notice    time.Duration
 	takeovers []takeover
 }
@@ -87,20 +94,24 @@ func (f *faultLog) count(kind string) {
 	f.counts[kind]++
 }
 
-// victim starts timing a fault that cuts off the holder of g (if any):
-// until its context is done (notice) and until a newer token is granted
+// victim starts timing a fault that cuts off the holder of g (if any), for
+// a grant the fault ends: one whose context is done with a loss (not a
+// release) within window of the fault's start (the fault's length plus the
+// TTL: a loss after that has another cause). It measures the time until
+// the context is done (notice) and until a newer token is granted
 // (takeover, computed from the history afterwards).
-func (f *faultLog) victim(h *History, g holdfast.Grant) {
-	if g == nil {
+func (f *faultLog) victim(h *History, g holdfast.Grant, window time.Duration) {
+	if g == nil || g.Context().Err() != nil {
 		return
 	}
 	start, at := time.Now(), h.Now()
 	context.AfterFunc(g.Context(), func() {
-		if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-			return // released before the fault cut it off
-		}
 		d := time.Since(start)
+		if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) || d > window {
+			return // released, or lost long after the fault
+		}
 		f.mu.Lock()
+		f.ended++
 		f.notice = max(f.notice, d)
 		f.takeovers = append(f.takeovers, takeover{at: at, token: g.Token()})
 		f.mu.Unlock()
@@ -121,6 +132,7 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	faults.mu.Lock()
 	defer faults.mu.Unlock()
 	s.Faults = faults.counts
+	s.Ended = faults.ended
 	s.MaxNotice = faults.notice
 	for _, t := range faults.takeovers {
 		for _, op := range ops {
@@ -142,6 +154,9 @@ const (
 	Semaphore Primitive = "semaphore"
 	Elect     Primitive = "election"
 )
+
+// Primitives lists every Primitive.
+var Primitives = []Primitive{Lock, Semaphore, Elect}
 
 // SemaphoreLimit is the limit of the scenarios' semaphores.
 const SemaphoreLimit = 2
@@ -178,6 +193,47 @@ type EtcdOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer     // faults as they happen; nil: none
+	// Faults are the kinds of fault injected (default EtcdFaults, all).
+	Faults []string
+	// LongHolds is the fraction of grants held for 4 s (twice the TTL), so
+	// that faults find holders (default 0.2; negative: none; 1: all).
+	LongHolds float64
+	// HolderFaults: the client faults (blackhole-client, pause-client) hit
+	// a holder whenever there is one, for 3 to 4 s (beyond the TTL), instead
+	// of mostly a holder for 1 to 3.5 s; and long holds last 8 s, so that
+	// the fault, not the holder's Unlock, ends the grant.
+	HolderFaults bool
+}
+
+// EtcdFaults are the kinds of fault of the etcd scenario.
+var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
+
+// ConsulFaults are the kinds of fault of the Consul scenario.
+var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "freeze-follower", "destroy-session", "blackhole-client", "pause-client"}
+
+// faultKinds returns asked, or all if asked is empty, after checking that
+// each is one of all.
+func faultKinds(asked, all []string) ([]string, error) {
+	if len(asked) == 0 {
+		return all, nil
+	}
+	for _, k := range asked {
+		if !slices.Contains(all, k) {
+			return nil, fmt.Errorf("%w: unknown fault %q (want one of %s)", holdfast.ErrInvalidArgument, k, strings.Join(all, ", "))
+		}
+	}
+	return asked, nil
+}
+
+// longHolds is the fraction of long holds asked (negative: none).
+func longHolds(f float64) float64 {
+	switch {
+	case f == 0:
+		return 0.2
+	case f < 0:
+		return 0
+	}
+	return min(f, 1)
 }
 
 // RunEtcd runs the etcd scenario: a 3-member cluster in a temporary
@@ -195,6 +251,10 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	kinds, err := faultKinds(o.Faults, EtcdFaults)
+	if err != nil {
+		return Summary{}, err
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -218,13 +278,19 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		defer proxies[i].Close()
 	}
 	name := fmt.Sprintf("safety/etcd/%d", time.Now().UnixNano())
+	longHold := 2 * etcd.MinTTL
+	if o.HolderFaults {
+		longHold = 4 * etcd.MinTTL
+	}
 	w := &Workload{
-		Clients:  o.Clients,
-		Writes:   12,
-		Hold:     100 * time.Millisecond, // holds of 0.1 to 1.2 s
-		Resource: NewResource(),
-		History:  NewHistory(),
-		Tracker:  &Tracker{Limit: o.Primitive.limit()},
+		Clients:   o.Clients,
+		Writes:    12,
+		Hold:      100 * time.Millisecond, // holds of 0.1 to 1.2 s
+		LongHolds: longHolds(o.LongHolds),
+		LongHold:  longHold,
+		Resource:  NewResource(),
+		History:   NewHistory(),
+		Tracker:   &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -266,7 +332,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		return Summary{}, err
 	}
 	defer admin.Close()
-	go func() { faultErr <- etcdFaults(runCtx, c, admin, name, o.Primitive.limit(), proxies, w, faults, logf) }()
+	go func() {
+		faultErr <- etcdFaults(runCtx, c, admin, name, o.Primitive.limit(), kinds, o.HolderFaults, proxies, w, faults, logf)
+	}()
 	st := w.Run(runCtx)
 	err = <-faultErr
 	for _, p := range proxies {
@@ -279,9 +347,8 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 }
 
 // etcdFaults injects one fault at a time, each mended before the next.
-func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
 	for ctx.Err() == nil {
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
 		if ctx.Err() != nil {
@@ -330,17 +397,21 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			c.MendPeer(leader)
 		case "blackhole-client", "pause-client":
 			v := rng.IntN(len(proxies))
-			if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
+			if h, ok := w.Tracker.Holder(); ok && (holderFaults || rng.IntN(3) > 0) {
 				v = h // mostly the holder: the case that matters
 			}
-			logf("%s: client %d", kind, v)
-			faults.victim(w.History, w.Tracker.Grant(v))
+			d := hold(1000, 2500) // below and beyond the TTL
+			if holderFaults {
+				d = hold(3000, 1000)
+			}
+			logf("%s: client %d for %v", kind, v, d)
+			faults.victim(w.History, w.Tracker.Grant(v), d+etcd.MinTTL)
 			if kind == "blackhole-client" {
 				proxies[v].Blackhole()
 			} else {
 				proxies[v].Pause()
 			}
-			time.Sleep(hold(1000, 2500)) // below and beyond the TTL
+			time.Sleep(d)
 			proxies[v].Mend()
 		}
 	}
@@ -406,6 +477,11 @@ type ConsulOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer
+	// Faults are the kinds of fault injected (default ConsulFaults, all).
+	Faults []string
+	// LongHolds is the fraction of grants held for 20 s (twice the TTL),
+	// so that faults find holders (default 0.2; negative: none).
+	LongHolds float64
 }
 
 // RunConsul runs the Consul scenario on a real 3-server cluster: Clients
@@ -425,6 +501,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	kinds, err := faultKinds(o.Faults, ConsulFaults)
+	if err != nil {
+		return Summary{}, err
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -455,12 +535,14 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	name := fmt.Sprintf("safety/consul/%d", time.Now().UnixNano())
 	w := &Workload{
-		Clients:  o.Clients,
-		Writes:   12,
-		Hold:     100 * time.Millisecond,
-		Resource: NewResource(),
-		History:  NewHistory(),
-		Tracker:  &Tracker{Limit: o.Primitive.limit()},
+		Clients:   o.Clients,
+		Writes:    12,
+		Hold:      100 * time.Millisecond,
+		LongHolds: longHolds(o.LongHolds),
+		LongHold:  2 * consul.MinTTL,
+		Resource:  NewResource(),
+		History:   NewHistory(),
+		Tracker:   &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -503,7 +585,6 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	go func() {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
-			kinds := []string{"kill-leader", "kill-follower", "destroy-session", "blackhole-client", "pause-client"}
 			for runCtx.Err() == nil {
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
 				if runCtx.Err() != nil {
@@ -534,6 +615,28 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					if err := c.Restart(m); err != nil {
 						return err
 					}
+				case "freeze-leader", "freeze-follower":
+					// A server that neither sends nor receives, past the
+					// election timeout (1 s): what a partition does to it,
+					// short of letting it run meanwhile (docs/SAFETY.md).
+					leader, err := c.WaitLeader(30 * time.Second)
+					if err != nil {
+						return err
+					}
+					m := leader
+					if kind == "freeze-follower" {
+						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
+					}
+					d := time.Duration(2000+rng.IntN(6000)) * time.Millisecond
+					faults.count(kind)
+					logf("%s: server %d for %v", kind, m, d)
+					if err := c.Freeze(m); err != nil {
+						return err
+					}
+					sleep(runCtx, d)
+					if err := c.Thaw(m); err != nil {
+						return err
+					}
 				case "destroy-session":
 					smu.Lock()
 					s := sessions[v]
@@ -548,18 +651,19 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					faults.count(kind)
 					logf("%s: client %d", kind, v)
 					w.Tracker.Exempt(g.Token())
-					faults.victim(w.History, g)
+					faults.victim(w.History, g, consul.MinTTL)
 					_, _ = cli.Session().Destroy(s.ID(), nil)
 				default:
+					d := time.Duration(3000+rng.IntN(10000)) * time.Millisecond // below and beyond the TTL
 					faults.count(kind)
-					logf("%s: client %d", kind, v)
-					faults.victim(w.History, g)
+					logf("%s: client %d for %v", kind, v, d)
+					faults.victim(w.History, g, d+consul.MinTTL)
 					if kind == "blackhole-client" {
 						proxies[v].Blackhole()
 					} else {
 						proxies[v].Pause()
 					}
-					sleep(runCtx, time.Duration(3000+rng.IntN(10000))*time.Millisecond) // below and beyond the TTL
+					sleep(runCtx, d)
 					proxies[v].Mend()
 				}
 			}

@@ -21,11 +21,9 @@ import (
 //   - core/margin: a deadline without margin, with the clients' clock 18%
 //     slow (TestSlowClockMargin);
 //   - etcd/recheck-own-key: a waiter that does not re-check its own key
-//     (TestWaiterKeysDeleted).
-//
-// The third variant of issue 12, an etcd Unlock without its guard
-// (etcd/release-guard), is not here: no client of holdfast's API can reach
-// it (docs/SAFETY.md, "The suite can fail").
+//     (TestWaiterKeysDeleted);
+//   - etcd/release-guard: an Unlock that is not guarded
+//     (TestHolderKeyDeleted).
 func TestBrokenVariants(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "safety-variants.test")
 	if out, err := exec.Command("go", "test", "-c", "-tags", "holdfast_mutants", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -34,9 +32,10 @@ func TestBrokenVariants(t *testing.T) {
 	runs := []struct {
 		mutant, run string
 	}{
-		{"", "^(TestSlowClockMargin|TestWaiterKeysDeleted)$"},
+		{"", "^(TestSlowClockMargin|TestWaiterKeysDeleted|TestHolderKeyDeleted)$"},
 		{"core/margin", "^TestSlowClockMargin$"},
 		{"etcd/recheck-own-key", "^TestWaiterKeysDeleted$"},
+		{"etcd/release-guard", "^TestHolderKeyDeleted$"},
 	}
 	outs := make([][]byte, len(runs))
 	errs := make([]error, len(runs))
@@ -51,7 +50,7 @@ func TestBrokenVariants(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	checker := regexp.MustCompile(`(?m)^\s+\S+\.go:\d+: (told first|fence|not linearizable): .*$`)
+	checker := regexp.MustCompile(`(?m)^\s+\S+\.go:\d+: (told first|fence|release|not linearizable): .*$`)
 	for i, r := range runs {
 		out, err := outs[i], errs[i]
 		summary := summaries(out)

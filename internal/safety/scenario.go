@@ -31,8 +31,11 @@ type Summary struct {
 	Stats
 	FenceViolations     []string
 	ToldFirstViolations []string
-	GrantsChecked       int
-	Linearizable        porcupine.CheckResult
+	// ReleaseViolations are successful Unlocks of superseded grants (see
+	// CheckReleases; a lock or an election only).
+	ReleaseViolations []string
+	GrantsChecked     int
+	Linearizable      porcupine.CheckResult
 	// Witnesses explain a history that is not linearizable (see Explain).
 	Witnesses []string
 	LeftKeys  []string
@@ -48,7 +51,7 @@ type Summary struct {
 
 // OK reports whether every checker passed.
 func (s Summary) OK() bool {
-	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 &&
+	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 && len(s.ReleaseViolations) == 0 &&
 		s.Linearizable == porcupine.Ok && len(s.LeftKeys) == 0 && s.Grants > 0
 }
 
@@ -63,11 +66,11 @@ func (s Summary) String() string {
 faults injected: %s
 operations: grants=%d lock_failures=%d sessions=%d lost=%d
 fenced writes: accepted=%d rejected=%d (stale)
-violations: fence=%d told_first=%d (of %d grants) linearizable=%v keys_left=%d
+violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
 grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
 		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
-		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, s.Linearizable, len(s.LeftKeys),
+		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
 		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
 }
 
@@ -125,6 +128,9 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
 	ops := w.History.Ops()
 	shared := w.Tracker.Limit > 1 // a semaphore's permits may share a token (Consul)
+	if !shared {
+		s.ReleaseViolations = CheckReleases(ops)
+	}
 	s.Linearizable = CheckLinearizable(ops, shared, 2*time.Minute)
 	if s.Linearizable != porcupine.Ok {
 		s.Witnesses = Explain(ops, shared)
@@ -206,7 +212,7 @@ type EtcdOptions struct {
 }
 
 // EtcdFaults are the kinds of fault of the etcd scenario.
-var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
+var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key", "delete-holder-key"}
 
 // ConsulFaults are the kinds of fault of the Consul scenario.
 var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "freeze-follower", "destroy-session", "blackhole-client", "pause-client"}
@@ -359,7 +365,9 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			return err
 		}
 		kind := kinds[rng.IntN(len(kinds))]
-		faults.count(kind)
+		if kind != "delete-holder-key" { // counted if there is a holder
+			faults.count(kind)
+		}
 		hold := func(lo, spread int) time.Duration {
 			return time.Duration(lo+rng.IntN(spread)) * time.Millisecond
 		}
@@ -390,6 +398,35 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 					Then(clientv3.OpDelete(string(kv.Key))).Commit()
 			}
 			cancel()
+		case "delete-holder-key":
+			// An operator deletes a holder's key while the holder's
+			// connection is frozen, so that it cannot hear of it: its
+			// Unlock, called meanwhile, must not report success (its
+			// release is guarded), and nothing else it does may count.
+			h, ok := w.Tracker.Holder()
+			g := w.Tracker.Grant(h)
+			if !ok || g == nil || g.Context().Err() != nil {
+				continue
+			}
+			faults.count(kind)
+			proxies[h].Pause()
+			w.Tracker.Exempt(g.Token()) // ended from outside: nobody can be told first
+			faults.victim(w.History, g, etcd.MinTTL)
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(g.Key()), "=", int64(g.Token()))).
+				Then(clientv3.OpDelete(g.Key())).Commit()
+			cancel()
+			logf("%s: client %d, %s (token %d): %v", kind, h, g.Key(), g.Token(), err)
+			// Until the holder calls Unlock (its grant is released), for at
+			// most 0.9 s: its safe deadline is at least 0.93 s away (TTL -
+			// margin - the renewal period).
+			for end := time.Now().Add(900 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				if g.Context().Err() != nil {
+					break
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+			proxies[h].Mend()
 		case "cut-leader-peers":
 			logf("%s: member %d", kind, leader)
 			c.CutPeer(leader)

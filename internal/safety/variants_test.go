@@ -73,3 +73,22 @@ func TestWaiterKeysDeleted(t *testing.T) {
 		t.Error("no waiter's key was deleted")
 	}
 }
+
+// TestHolderKeyDeleted: an operator deletes a holder's key while the
+// holder's connection is frozen, every 0.5 to 2.5 s; the holder calls Unlock
+// before it can hear of it, after the next waiter was granted. Its guarded
+// release finds the key gone and Unlock reports ErrNotHeld; without the
+// guard (etcd/release-guard), the release deletes whatever is at the key
+// and Unlock reports success for a grant that a newer one had superseded,
+// and the release checker fails. (The guard's own harm, a newer key of
+// the same lease deleted, needs a second writer of the lease:
+// etcd.TestStaleUnlockLeavesNewerKey.)
+func TestHolderKeyDeleted(t *testing.T) {
+	s, err := RunEtcd(context.Background(), EtcdOptions{
+		Duration: variantDuration(t), Faults: []string{"delete-holder-key"}, LongHolds: -1, Log: testLog{t},
+	})
+	check(t, s, err)
+	if s.Faults["delete-holder-key"] == 0 {
+		t.Error("no holder's key was deleted")
+	}
+}

@@ -418,9 +418,9 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			cancel()
 			logf("%s: client %d, %s (token %d): %v", kind, h, g.Key(), g.Token(), err)
 			// Until the holder calls Unlock (its grant is released), for at
-			// most 0.9 s: its safe deadline is at least 0.93 s away (TTL -
+			// most 0.85 s: its safe deadline is at least 0.93 s away (TTL -
 			// margin - the renewal period).
-			for end := time.Now().Add(900 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			for end := time.Now().Add(850 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 				if g.Context().Err() != nil {
 					break
 				}

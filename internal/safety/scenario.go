@@ -121,6 +121,17 @@ func (f *faultLog) victim(h *History, g holdfast.Grant, window time.Duration) {
 	})
 }
 
+// victims calls victim for the grant of every client whose connection goes
+// to server m (client i talks to server i mod servers), as a fault on m
+// cuts them off.
+func (f *faultLog) victims(w *Workload, clients, servers, m int, window time.Duration) {
+	for v := range clients {
+		if v%servers == m {
+			f.victim(w.History, w.Tracker.Grant(v), window)
+		}
+	}
+}
+
 // finish fills s from the run's records.
 func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	s.Stats = st
@@ -377,11 +388,13 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			if kind == "stop-follower" {
 				m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
 			}
-			logf("%s: member %d", kind, m)
+			d := hold(1000, 2000)
+			logf("%s: member %d for %v", kind, m, d)
+			faults.victims(w, len(proxies), c.Size(), m, d+etcd.MinTTL)
 			if err := c.Stop(m); err != nil {
 				return err
 			}
-			time.Sleep(hold(1000, 2000))
+			time.Sleep(d)
 			if err := c.Restart(m); err != nil {
 				return err
 			}
@@ -643,12 +656,14 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					if kind == "kill-follower" {
 						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
 					}
+					d := time.Duration(1000+rng.IntN(3000)) * time.Millisecond
 					faults.count(kind)
-					logf("%s: server %d", kind, m)
+					logf("%s: server %d for %v", kind, m, d)
+					faults.victims(w, o.Clients, c.Size(), m, d+consul.MinTTL)
 					if err := c.Kill(m); err != nil {
 						return err
 					}
-					sleep(runCtx, time.Duration(1000+rng.IntN(3000))*time.Millisecond)
+					sleep(runCtx, d)
 					if err := c.Restart(m); err != nil {
 						return err
 					}
@@ -667,6 +682,7 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					d := time.Duration(2000+rng.IntN(6000)) * time.Millisecond
 					faults.count(kind)
 					logf("%s: server %d for %v", kind, m, d)
+					faults.victims(w, o.Clients, c.Size(), m, d+consul.MinTTL)
 					if err := c.Freeze(m); err != nil {
 						return err
 					}

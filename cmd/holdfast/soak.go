@@ -20,8 +20,8 @@ Runs holdfast's safety scenario on servers it starts itself and prints a
 summary. Clients take one lock (or a permit of a semaphore of limit 2, or
 leadership of an election) and write to a fenced resource that refuses
 tokens lower than one it has accepted, while faults are injected one at a
-time. A fifth of the grants are held for twice the TTL, so that faults find
-holders.
+time. A fifth of the grants are held past the TTL (4 s on etcd, 12 s on
+Consul), so that faults find holders.
 
   etcd    a 3-member cluster in a temporary directory: members stopped and
           restarted (followers and the leader), the leader cut from its

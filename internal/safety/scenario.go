@@ -529,8 +529,8 @@ type ConsulOptions struct {
 	Log       io.Writer
 	// Faults are the kinds of fault injected (default ConsulFaults, all).
 	Faults []string
-	// LongHolds is the fraction of grants held for 20 s (twice the TTL),
-	// so that faults find holders (default 0.2; negative: none).
+	// LongHolds is the fraction of grants held for 12 s (past the TTL), so
+	// that faults find holders (default 0.2; negative: none; 1: all).
 	LongHolds float64
 }
 
@@ -589,7 +589,7 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		Writes:    12,
 		Hold:      100 * time.Millisecond,
 		LongHolds: longHolds(o.LongHolds),
-		LongHold:  2 * consul.MinTTL,
+		LongHold:  consul.MinTTL + consul.MinTTL/5,
 		Resource:  NewResource(),
 		History:   NewHistory(),
 		Tracker:   &Tracker{Limit: o.Primitive.limit()},

@@ -14,7 +14,8 @@ import (
 )
 
 // TestBrokenVariants shows that the suite can fail: it builds this
-// package's tests with the tag holdfast_mutants (see internal/mutant) and
+// package's tests with the tag holdfast_mutants (see internal/mutant; it
+// also runs core's TestSetClockRate, of the clock-rate hook, there) and
 // runs the scenarios of variants_test.go once as they are (they must pass)
 // and once with each broken variant (they must fail, on a checker):
 //
@@ -28,6 +29,10 @@ func TestBrokenVariants(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "safety-variants.test")
 	if out, err := exec.Command("go", "test", "-c", "-tags", "holdfast_mutants", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("building the variants: %v\n%s", err, out)
+	}
+	// The clock-rate hook the margin's scenario relies on (core.SetClockRate).
+	if out, err := exec.Command("go", "test", "-tags", "holdfast_mutants", "-count=1", "-run", "^TestSetClockRate$", "../core/").CombinedOutput(); err != nil {
+		t.Fatalf("the clock-rate hook: %v\n%s", err, out)
 	}
 	runs := []struct {
 		mutant, run string

@@ -426,10 +426,10 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			w.Tracker.Exempt(g.Token()) // ended from outside: nobody can be told first
 			faults.victim(w.History, g, etcd.MinTTL)
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(g.Key()), "=", int64(g.Token()))).
+			resp, err := admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(g.Key()), "=", int64(g.Token()))).
 				Then(clientv3.OpDelete(g.Key())).Commit()
 			cancel()
-			logf("%s: client %d, %s (token %d): %v", kind, h, g.Key(), g.Token(), err)
+			logf("%s: client %d, %s (token %d): deleted=%v %v", kind, h, g.Key(), g.Token(), err == nil && resp.Succeeded, err)
 			// Until the holder calls Unlock (its grant is released), for at
 			// most 0.85 s: its safe deadline is at least 0.93 s away (TTL -
 			// margin - the renewal period).

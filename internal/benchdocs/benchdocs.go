@@ -536,10 +536,12 @@ func fmtNum(x float64) string {
 	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
 		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
+	prec := 3
 	if math.Abs(x) >= 100 {
-		return strconv.FormatFloat(x, 'f', 1, 64)
+		prec = 1
 	}
-	return strconv.FormatFloat(x, 'f', 3, 64)
+	s := strconv.FormatFloat(x, 'f', prec, 64)
+	return strings.TrimRight(strings.TrimRight(s, "0"), ".")
 }
 
 func quoted(ss []string) []string {

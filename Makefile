@@ -28,8 +28,8 @@ bench:
 
 # docs/BENCHMARKS.md: run every benchmark scenario on both stores (embedded
 # etcd, Consul dev agent), one JSON line per row into docs/bench/<store>.jsonl,
-# then `make bench-plots`. About 12 minutes at the default 3 s window on a
-# 2-core machine (docs/BENCHMARKS.md, "Reproducing"); BENCH_DURATION=1s for a
+# then `make bench-plots`. About 8.5 minutes at the default 3 s window on a
+# 2-core machine (7.4 measured with BENCH_DURATION=1s) (docs/BENCHMARKS.md, "Reproducing"); BENCH_DURATION=1s for a
 # reduced run, and then say so with BENCH_LABEL.
 BENCH_DURATION ?= 3s
 BENCH_SCENARIOS ?= all many-locks

@@ -50,6 +50,9 @@ type ManyLocksOptions struct {
 	Log io.Writer
 	// OnResult is called with each row as soon as it is done (may be nil).
 	OnResult func(ManyLocksResult)
+	// OnHeld, if not nil, is called while a level's locks are all held,
+	// after its figures are measured (to take a heap profile, say).
+	OnHeld func(ManyLocksResult)
 }
 
 // ManyLocksResult is one row of the many-locks scenario: one
@@ -292,6 +295,9 @@ func runManyImpl(ctx context.Context, im manyImpl, prefix string, opts ManyLocks
 			r.GoroutinesPerGrant = num(float64(gr2-gr1) / float64(n))
 			d := gr2 - gr1
 			r.GoroutinesDelta = &d
+			if opts.OnHeld != nil {
+				opts.OnHeld(r)
+			}
 		} else if ctx.Err() == nil {
 			r.Note = fmt.Sprintf("only %d of %d locks acquired: no traffic or memory figures", len(held), n)
 		}

@@ -22,6 +22,13 @@ func runManyShort(t *testing.T, target Target, opts ManyLocksOptions, impls []st
 	var log strings.Builder
 	opts.Log = &log
 	opts.OnResult = func(r ManyLocksResult) { streamed = append(streamed, r) }
+	var onHeld []int
+	opts.OnHeld = func(r ManyLocksResult) {
+		if r.HeapBytesPerGrant == nil || r.ReleaseAllS != nil {
+			t.Errorf("OnHeld called with heap %s and release %s: want measured, not yet released", fp(r.HeapBytesPerGrant), fp(r.ReleaseAllS))
+		}
+		onHeld = append(onHeld, r.Locks)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rows, err := RunManyLocks(ctx, target, opts)
@@ -30,6 +37,9 @@ func runManyShort(t *testing.T, target Target, opts ManyLocksOptions, impls []st
 	}
 	if len(rows) != 2*len(impls) || len(streamed) != len(rows) {
 		t.Fatalf("got %d rows (%d streamed), want %d", len(rows), len(streamed), 2*len(impls))
+	}
+	if len(onHeld) != len(impls) {
+		t.Errorf("OnHeld called for %v, want once per implementation", onHeld)
 	}
 	for i, r := range rows {
 		b, _ := json.Marshal(r)

@@ -318,10 +318,12 @@ func (g *gen) draw(c chart) error {
 	p.Legend.Top = true
 	var xs []float64
 	var args []any
+	ymax := 0.0
 	for _, s := range c.series {
 		args = append(args, s.name, s.pts)
 		for _, pt := range s.pts {
 			xs = append(xs, pt.X)
+			ymax = max(ymax, pt.Y)
 		}
 	}
 	if err := plotutil.AddLinePoints(p, args...); err != nil {
@@ -339,10 +341,12 @@ func (g *gen) draw(c chart) error {
 		l.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 		p.Add(l)
 		p.Legend.Add(c.hline.name, l)
-		p.Y.Max = max(p.Y.Max, c.hline.y*1.1)
+		ymax = max(ymax, c.hline.y)
 	}
+	// Room above the data for the legend.
+	p.Y.Max = max(p.Y.Max, ymax*(1+0.12*float64(len(c.series)+1)))
 	path := filepath.Join(g.opts.Dir, c.file)
-	if err := p.Save(16*vg.Centimeter, 10*vg.Centimeter, path); err != nil {
+	if err := p.Save(18*vg.Centimeter, 11*vg.Centimeter, path); err != nil {
 		return fmt.Errorf("save %s: %w", path, err)
 	}
 	g.files = append(g.files, c.file)

@@ -104,6 +104,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		switch *scenario {
 		case bench.ScenarioManyLocks:
+			if _, err := manyLocksOptions(*locks, opts); err != nil {
+				return err
+			}
 		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
 		default:
 			return usagef("--scenario must be lock, handoff, takeover, election, semaphore or all, not %q", *scenario)

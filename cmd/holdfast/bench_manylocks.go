@@ -4,23 +4,33 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/holdfast/holdfast/internal/bench"
 )
 
-// runManyLocks runs the many-locks scenario on t (which it closes) with the
-// TTL, log and --duration of opts: the renewal traffic is counted over the
-// session TTL or --duration, whichever is longer.
-func runManyLocks(ctx context.Context, e *env, t bench.Target, locks string, opts bench.Options, jsonOut bool) error {
+// manyLocksOptions returns the options of the many-locks scenario from
+// --locks and the TTL, log and --duration of opts: the renewal traffic is
+// counted over the session TTL or --duration, whichever is longer. Errors
+// are usage errors.
+func manyLocksOptions(locks string, opts bench.Options) (bench.ManyLocksOptions, error) {
 	mo := bench.ManyLocksOptions{TTL: opts.TTL, Window: max(opts.TTL, opts.Duration), Native: true, Log: opts.Log}
 	var err error
 	if mo.Locks, err = parseInts(locks); err != nil {
-		t.Close()
-		return usagef("--locks: %v", err)
+		return mo, usagef("--locks: %v", err)
 	}
 	if err := mo.Validate(); err != nil {
+		return mo, usagef("--locks: %v", strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
+	}
+	return mo, nil
+}
+
+// runManyLocks runs the many-locks scenario on t, which it closes.
+func runManyLocks(ctx context.Context, e *env, t bench.Target, locks string, opts bench.Options, jsonOut bool) error {
+	mo, err := manyLocksOptions(locks, opts)
+	if err != nil {
 		t.Close()
-		return usagef("%v", err)
+		return err
 	}
 	if jsonOut {
 		mo.OnResult = func(r bench.ManyLocksResult) { bench.WriteJSON(e.stdout, r) }

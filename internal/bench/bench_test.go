@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"strings"
 	"testing"
@@ -251,5 +252,35 @@ func BenchmarkEtcdCycle(b *testing.B) {
 			}
 			b.ReportMetric(float64(counter.Requests()-before)/float64(b.N), "rpcs/op")
 		})
+	}
+}
+
+// TestEtcdNodes3 runs a quick lock row on an embedded 3-member etcd
+// (--nodes 3): every row reports 3 nodes, with no violation or error.
+func TestEtcdNodes3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-member embedded etcd")
+	}
+	if _, err := StartEtcdNodes(0); !errors.Is(err, ErrUsage) {
+		t.Errorf("0 nodes: %v, want ErrUsage", err)
+	}
+	target, err := StartEtcdNodes(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	sum, err := Run(ctx, target, ScenarioLock, Options{Quick: true, Contenders: []int{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Results) != 3 || sum.Failed() {
+		t.Fatalf("%d rows, failed %v: %+v", len(sum.Results), sum.Failed(), sum.Results)
+	}
+	for _, r := range sum.Results {
+		if r.Nodes != 3 || r.Acquisitions == 0 {
+			t.Errorf("%s: nodes %d, acquisitions %d", r.Impl, r.Nodes, r.Acquisitions)
+		}
 	}
 }

@@ -803,3 +803,45 @@ func WriteManyLocksTable(w io.Writer, rows []ManyLocksResult) error {
 	_, err := fmt.Fprintln(w, "renews: etcd LeaseKeepAlive messages, Consul session renew requests; requests: every store request in the window")
 	return err
 }
+
+func init() {
+	registerScenario(scenarioSpec{
+		name:  ScenarioManyLocks,
+		inAll: true,
+		run:   (*runner).manyLocks,
+		quick: func(o Options) Options {
+			o = quickWindows(o)
+			if o.Locks == nil {
+				o.Locks = []int{100}
+			}
+			return o
+		},
+		table: func(w io.Writer, rows []any) error {
+			var ml []ManyLocksResult
+			for _, row := range rows {
+				if r, ok := row.(ManyLocksResult); ok {
+					ml = append(ml, r)
+				}
+			}
+			if len(ml) == 0 {
+				return nil
+			}
+			return WriteManyLocksTable(w, ml)
+		},
+	})
+}
+
+// manyLocks runs the many-locks scenario as part of Run: the renewal
+// traffic is counted over the session TTL or the run's Duration, whichever
+// is longer (in a quick run, over Duration alone: a smoke run, not a
+// measure of renewals). Lost grants count as violations.
+func (r *runner) manyLocks(ctx context.Context) error {
+	window := max(r.opts.TTL, r.opts.Duration)
+	if r.opts.Quick {
+		window = r.opts.Duration
+	}
+	mo := ManyLocksOptions{Locks: r.opts.Locks, TTL: r.opts.TTL, Window: window, Native: true, Log: r.opts.Log}
+	mo.OnResult = func(row ManyLocksResult) { r.emitOther(row, row.Lost, row.Errors) }
+	_, err := RunManyLocks(ctx, r.t, mo)
+	return err
+}

@@ -36,17 +36,30 @@ Scenarios:
             hold 0 and 1 ms (Consul: api.Semaphore side by side; etcd:
             holdfast alone, no native recipe); violations count moments
             with more than limit holders
-  all       all three (about 3 minutes on Consul, 1 minute on etcd)
+  waiters   one lock, W waiters (--waiters, default 2,16,128,512), hold 0:
+            requests and bytes per acquisition, handoff p50/p99 as the queue grows
+  many-locks 1,000 and 10,000 locks (--locks) held through one session: time to
+            acquire and release all, renewals per second, heap and goroutines per grant
+  all       all of them (--quick: every scenario, small settings, short windows)
 
-Output: an aligned table and one ratio line (holdfast/native) per setting, or
-with --json one JSON object per row and one {"ratio": ...} object per pair.
+Every contended row (lock, handoff, semaphore, waiters) is measured three
+ways in the same run: holdfast, the native recipe, and the floor, a relay
+with no safety (contender i watches its own key and writes the next one's:
+one write and one notification per turn), the store's own limit. They
+alternate in --rounds rounds so that drift on the machine hits all three;
+of_floor is a row's acq/s divided by the floor's. --nodes 3 runs etcd
+scenarios on an embedded 3-member cluster.
+
+Output: an aligned table with ratio columns (vs_native, of_floor) and one
+ratio line (holdfast/native) per setting, or with --json one JSON object per
+row and one {"ratio": ...} object per pair (fields: internal/bench/doc.go).
 Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 	flags: benchFlags,
 }
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore, waiters, many-locks or all")
 	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
@@ -59,6 +72,11 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	endpoints := fs.String("endpoints", "", "etcd endpoints, comma-separated (default: start an embedded etcd)")
 	consulAddr := fs.String("consul-addr", "", "Consul agent HTTP address host:port (default: start a dev agent)")
 	jsonOut := fs.Bool("json", false, "print one JSON object per line")
+	locks := fs.String("locks", "", "many-locks scenario: comma-separated numbers of locks held at once (default 1000,10000)")
+	waiters := fs.String("waiters", "", "waiters scenario: comma-separated numbers of waiters (default 2,16,128,512)")
+	nodes := fs.Int("nodes", 1, "etcd: members of the embedded cluster (1 or 3)")
+	rounds := fs.Int("rounds", 3, "alternation rounds per contended setting (the window is split among them)")
+	quick := fs.Bool("quick", false, "every scenario with small settings and short windows (a smoke run, under 2 minutes per store)")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) > 0 {
 			return usagef("unexpected arguments: %s", strings.Join(args, " "))
@@ -69,7 +87,25 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			TTL:      *ttl,
 			Repeats:  *repeats,
 			Limit:    *limit,
+			Rounds:   *rounds,
+			Quick:    *quick,
 			Log:      e.stderr,
+		}
+		if *rounds < 1 || *rounds > 100 {
+			return usagef("--rounds must be between 1 and 100")
+		}
+		if *nodes != 1 && *nodes != 3 {
+			return usagef("--nodes must be 1 or 3")
+		}
+		if *nodes != 1 && (*backend != "etcd" || *endpoints != "") {
+			return usagef("--nodes is for the embedded etcd (--backend etcd without --endpoints)")
+		}
+		if *waiters != "" {
+			ws, err := parseInts(*waiters)
+			if err != nil {
+				return usagef("--waiters: %v", err)
+			}
+			opts.Waiters = ws
 		}
 		if *duration <= 0 {
 			return usagef("--duration must be positive")
@@ -99,10 +135,16 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if opts.LockDelays, err = parseDurations(*delays); err != nil {
 			return usagef("--lock-delays: %v", err)
 		}
-		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
-		default:
-			return usagef("--scenario must be lock, handoff, takeover, election, semaphore or all, not %q", *scenario)
+		if *locks != "" {
+			if opts.Locks, err = parseInts(*locks); err != nil {
+				return usagef("--locks: %v", err)
+			}
+			if err := (bench.ManyLocksOptions{Locks: opts.Locks}).Validate(); err != nil {
+				return usagef("--locks: %v", strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
+			}
+		}
+		if !bench.IsScenario(*scenario) {
+			return usagef("--scenario must be one of %s or all, not %q", strings.Join(bench.ScenarioNames(), ", "), *scenario)
 		}
 		switch *backend {
 		case "etcd":
@@ -129,9 +171,10 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if *jsonOut {
 			opts.OnResult = func(r bench.Result) { bench.WriteJSON(e.stdout, r) }
 			opts.OnRatio = func(q bench.Ratio) { bench.WriteRatioJSON(e.stdout, q) }
+			opts.OnOther = func(row any) { bench.WriteJSON(e.stdout, row) }
 		}
 
-		t, err := openTarget(e, *backend, *endpoints, *consulAddr)
+		t, err := openTarget(e, *backend, *endpoints, *consulAddr, *nodes)
 		if err != nil {
 			return err
 		}
@@ -139,7 +182,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err := t.Close(); err != nil && runErr == nil {
 			fmt.Fprintf(e.stderr, "holdfast bench: closing %s: %v\n", *backend, err)
 		}
-		if !*jsonOut && len(sum.Results) > 0 {
+		if !*jsonOut && (len(sum.Results) > 0 || len(sum.Other) > 0) {
 			bench.WriteTable(e.stdout, sum)
 		}
 		if runErr != nil {
@@ -155,7 +198,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	}
 }
 
-func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, error) {
+func openTarget(e *env, backend, endpoints, consulAddr string, nodes int) (bench.Target, error) {
 	switch backend {
 	case "etcd":
 		if endpoints != "" {
@@ -165,8 +208,8 @@ func openTarget(e *env, backend, endpoints, consulAddr string) (bench.Target, er
 			}
 			return bench.DialEtcd(eps)
 		}
-		fmt.Fprintln(e.stderr, "bench: starting an embedded etcd (1 member, temporary directory)")
-		t, err := bench.StartEtcd()
+		fmt.Fprintf(e.stderr, "bench: starting an embedded etcd (%d member(s), temporary directory)\n", nodes)
+		t, err := bench.StartEtcdNodes(nodes)
 		if err != nil {
 			return nil, fmt.Errorf("start embedded etcd: %w", err)
 		}

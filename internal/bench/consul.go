@@ -20,6 +20,7 @@ type ConsulTarget struct {
 	addr    string
 	admin   *api.Client
 	adminTr *http.Transport
+	nodes   int
 }
 
 // StartConsul starts a real Consul dev agent (see embedtest.StartConsul) and
@@ -29,7 +30,7 @@ func StartConsul() (*ConsulTarget, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &ConsulTarget{agent: a, addr: a.HTTPAddr}
+	t := &ConsulTarget{agent: a, addr: a.HTTPAddr, nodes: 1}
 	if t.admin, t.adminTr, err = t.newClient(nil); err != nil {
 		a.Close()
 		return nil, err
@@ -51,8 +52,15 @@ func DialConsul(addr string) (*ConsulTarget, error) {
 	if _, err := t.admin.Status().Leader(); err != nil {
 		return nil, fmt.Errorf("consul at %s: %w", addr, err)
 	}
+	if peers, err := t.admin.Status().Peers(); err == nil {
+		t.nodes = len(peers)
+	}
 	return t, nil
 }
+
+// Nodes returns the number of Consul servers (1 for the dev agent; the raft
+// peers reported by an external agent when it was dialled).
+func (t *ConsulTarget) Nodes() int { return t.nodes }
 
 // Addr returns the agent's HTTP address.
 func (t *ConsulTarget) Addr() string { return t.addr }

@@ -92,6 +92,7 @@ func (r *runner) electionRow(ctx context.Context, impl electionImpl, delay time.
 		Backend:    r.t.Backend(),
 		Impl:       impl.name(),
 		Contenders: 2,
+		Nodes:      r.nodes(),
 		RPCUnit:    r.t.RPCUnit(),
 		TTLS:       r.opts.TTL.Seconds(),
 		Repeats:    reps,

@@ -24,8 +24,17 @@ type EtcdTarget struct {
 
 // StartEtcd starts an embedded one-member etcd in a temporary directory
 // (removed by Close) and returns it as a target.
-func StartEtcd() (*EtcdTarget, error) {
-	c, err := embedtest.StartEtcd("", 1)
+func StartEtcd() (*EtcdTarget, error) { return StartEtcdNodes(1) }
+
+// StartEtcdNodes starts an embedded etcd cluster of n members (1 to 7), in
+// this process, in a temporary directory (removed by Close), and returns it
+// as a target. Every contender's client has all members' endpoints (the
+// client balances its requests over them).
+func StartEtcdNodes(n int) (*EtcdTarget, error) {
+	if n < 1 || n > 7 {
+		return nil, fmt.Errorf("%w: nodes must be between 1 and 7, got %d", ErrUsage, n)
+	}
+	c, err := embedtest.StartEtcd("", n)
 	if err != nil {
 		return nil, err
 	}
@@ -54,6 +63,15 @@ func DialEtcd(endpoints []string) (*EtcdTarget, error) {
 		return nil, fmt.Errorf("etcd at %v: %w", endpoints, err)
 	}
 	return t, nil
+}
+
+// Nodes returns the number of members: the embedded cluster's size, or the
+// number of endpoints given to DialEtcd.
+func (t *EtcdTarget) Nodes() int {
+	if t.cluster != nil {
+		return t.cluster.Size()
+	}
+	return len(t.endpoints)
 }
 
 // Endpoints returns the client endpoints.

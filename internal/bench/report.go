@@ -30,19 +30,41 @@ func WriteRatioJSON(w io.Writer, q Ratio) error {
 // line per holdfast/native pair and the notes of takeover rows.
 func WriteTable(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tbackend\timpl\tn\thold_ms\tdelay_ms\tacq\tacq/s\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tviol\terr\t")
+	fmt.Fprintln(tw, "scenario\tbackend\timpl\tnodes\tn\twaiters\thold_ms\tdelay_ms\tacq\tacq/s\tvs_native\tof_floor\thandoff/s\thandoff_p50\thandoff_p99\tcycle_p50\ttakeover\tnotice\tfairness\trpc/acq\tbytes/acq\tviol\terr\t")
 	for _, r := range s.Results {
+		vsNative := "-"
+		if r.Impl == ImplHoldfast {
+			if q := ratioFor(s.Ratios, r); q != nil {
+				vsNative = fp(q.AcqPerS)
+			}
+		}
 		if r.Scenario == ScenarioElection { // failover and observe in the takeover and notice columns
 			r.TakeoverMS, r.NoticeMS = r.FailoverMS, r.ObserveMS
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
-			r.Scenario, r.Backend, r.Impl, r.Contenders, f(r.HoldMS), fp(r.LockDelayMS),
-			r.Acquisitions, f(r.AcqPerS), f(r.HandoffsPerS), fp(r.HandoffP50MS), fp(r.HandoffP99MS),
-			fp(r.CycleP50MS), fp(r.TakeoverMS), fp(r.NoticeMS), fp(r.Fairness), fp(r.RPCsPerAcq),
+		nodes := "-"
+		if r.Nodes > 0 {
+			nodes = fmt.Sprint(r.Nodes)
+		}
+		waiters := "-"
+		if r.Waiters != nil {
+			waiters = fmt.Sprint(*r.Waiters)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n",
+			r.Scenario, r.Backend, r.Impl, nodes, r.Contenders, waiters, f(r.HoldMS), fp(r.LockDelayMS),
+			r.Acquisitions, f(r.AcqPerS), vsNative, fp(r.OfFloor), f(r.HandoffsPerS), fp(r.HandoffP50MS), fp(r.HandoffP99MS),
+			fp(r.CycleP50MS), fp(r.TakeoverMS), fp(r.NoticeMS), fp(r.Fairness), fp(r.RPCsPerAcq), fp(r.BytesPerAcq),
 			r.Violations, r.Errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, spec := range registry {
+		if spec.table == nil {
+			continue
+		}
+		if err := spec.table(w, s.Other); err != nil {
+			return err
+		}
 	}
 	if len(s.Ratios) > 0 {
 		fmt.Fprintln(w)
@@ -66,10 +88,26 @@ func WriteTable(w io.Writer, s Summary) error {
 	for _, n := range noteOrder {
 		fmt.Fprintf(w, "note (%s): %s\n", strings.Join(slices.Compact(noteWho[n]), ", "), n)
 	}
-	fmt.Fprintln(w, "times in ms; handoff = previous holder's Unlock call -> next holder's Lock return; rpc/acq counts",
-		strings.Join(units(s), ", "))
+	fmt.Fprintln(w, "times in ms; handoff = previous holder's Unlock call -> next holder's Lock return; vs_native = holdfast acq/s / native acq/s;",
+		"of_floor = acq/s / the floor row's acq/s (floor: a relay with no safety, the store's own limit); rpc/acq counts",
+		strings.Join(units(s), ", ")+"; bytes/acq: bytes received (etcd: gRPC messages incl. watch events, headers; consul: response bodies)")
 	return nil
 }
+
+// ratioFor returns the ratio of r's setting, if any.
+func ratioFor(qs []Ratio, r Result) *Ratio {
+	for i := range qs {
+		q := &qs[i]
+		if q.Scenario == r.Scenario && q.Backend == r.Backend && q.Contenders == r.Contenders && q.HoldMS == r.HoldMS &&
+			q.Nodes == r.Nodes && eqp(q.LockDelayMS, r.LockDelayMS) && eqi(q.Limit, r.Limit) {
+			return q
+		}
+	}
+	return nil
+}
+
+func eqp(a, b *float64) bool { return (a == nil && b == nil) || (a != nil && b != nil && *a == *b) }
+func eqi(a, b *int) bool     { return (a == nil && b == nil) || (a != nil && b != nil && *a == *b) }
 
 func units(s Summary) []string {
 	seen := map[string]bool{}
@@ -97,6 +135,8 @@ func RatioLine(q Ratio) string {
 		}
 	}
 	add("acq/s", q.AcqPerS)
+	add("holdfast of_floor", q.HoldfastOfFloor)
+	add("native of_floor", q.NativeOfFloor)
 	add("handoffs/s", q.HandoffsPS)
 	add("handoff_p50", q.HandoffP50)
 	add("cycle_p50", q.CycleP50)

@@ -13,6 +13,16 @@ type Result struct {
 	Backend    string `json:"backend"`
 	Impl       string `json:"impl"`
 	Contenders int    `json:"contenders"`
+	// Nodes is the number of store members (etcd: the embedded cluster's
+	// size or the endpoints given; Consul: 1 for the dev agent). Omitted
+	// when unknown.
+	Nodes int `json:"nodes,omitempty"`
+	// Rounds is the number of alternation rounds the row's window was
+	// split into (contended rows).
+	Rounds int `json:"rounds,omitempty"`
+	// Waiters is the waiters scenario's number of waiters (the row has
+	// waiters+1 contenders: one holds while the others wait).
+	Waiters *int `json:"waiters,omitempty"`
 	// Limit is the semaphore scenario's limit (how many may hold at once).
 	Limit  *int    `json:"limit,omitempty"`
 	HoldMS float64 `json:"hold_ms"`
@@ -38,6 +48,13 @@ type Result struct {
 	RPCs       int64    `json:"rpcs"`
 	RPCsPerAcq *float64 `json:"rpcs_per_acq"`
 	RPCUnit    string   `json:"rpc_unit"`
+	// BytesPerAcq: bytes received by all contenders in the window (see
+	// Counter.Bytes for what each store counts), per acquisition.
+	BytesPerAcq *float64 `json:"bytes_per_acq"`
+	// OfFloor is this row's acq_per_s divided by the floor row's of the
+	// same setting (null on the floor row itself and where there is no
+	// floor).
+	OfFloor *float64 `json:"of_floor"`
 	// StreamsPerAcq (etcd only): gRPC streams opened (watches, keepalives)
 	// per acquisition; not included in rpcs_per_acq.
 	StreamsPerAcq *float64 `json:"streams_per_acq,omitempty"`
@@ -68,6 +85,8 @@ type Ratio struct {
 	Contenders  int      `json:"contenders"`
 	HoldMS      float64  `json:"hold_ms"`
 	LockDelayMS *float64 `json:"lock_delay_ms,omitempty"`
+	Limit       *int     `json:"limit,omitempty"`
+	Nodes       int      `json:"nodes,omitempty"`
 	Of          string   `json:"of"`
 	AcqPerS     *float64 `json:"acq_per_s"`
 	HandoffsPS  *float64 `json:"handoffs_per_s"`
@@ -78,6 +97,9 @@ type Ratio struct {
 	TakeoverMS  *float64 `json:"takeover_ms,omitempty"`
 	FailoverMS  *float64 `json:"failover_ms,omitempty"`
 	ObserveMS   *float64 `json:"observe_ms,omitempty"`
+	// HoldfastOfFloor and NativeOfFloor are the two rows' of_floor.
+	HoldfastOfFloor *float64 `json:"holdfast_of_floor,omitempty"`
+	NativeOfFloor   *float64 `json:"native_of_floor,omitempty"`
 	// Notes explain ratios left null because native's value is 0.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -85,19 +107,23 @@ type Ratio struct {
 // NewRatio returns h / n field by field.
 func NewRatio(h, n Result) Ratio {
 	q := Ratio{
-		Scenario:    h.Scenario,
-		Backend:     h.Backend,
-		Contenders:  h.Contenders,
-		HoldMS:      h.HoldMS,
-		LockDelayMS: h.LockDelayMS,
-		Of:          ImplHoldfast + "/" + ImplNative,
-		CycleP50:    divp(h.CycleP50MS, n.CycleP50MS),
-		RPCsPerAcq:  divp(h.RPCsPerAcq, n.RPCsPerAcq),
-		HandoffP50:  divp(h.HandoffP50MS, n.HandoffP50MS),
-		Fairness:    divp(h.Fairness, n.Fairness),
-		TakeoverMS:  divp(h.TakeoverMS, n.TakeoverMS),
-		FailoverMS:  divp(h.FailoverMS, n.FailoverMS),
-		ObserveMS:   divp(h.ObserveMS, n.ObserveMS),
+		Scenario:        h.Scenario,
+		Backend:         h.Backend,
+		Contenders:      h.Contenders,
+		HoldMS:          h.HoldMS,
+		LockDelayMS:     h.LockDelayMS,
+		Limit:           h.Limit,
+		Nodes:           h.Nodes,
+		HoldfastOfFloor: h.OfFloor,
+		NativeOfFloor:   n.OfFloor,
+		Of:              ImplHoldfast + "/" + ImplNative,
+		CycleP50:        divp(h.CycleP50MS, n.CycleP50MS),
+		RPCsPerAcq:      divp(h.RPCsPerAcq, n.RPCsPerAcq),
+		HandoffP50:      divp(h.HandoffP50MS, n.HandoffP50MS),
+		Fairness:        divp(h.Fairness, n.Fairness),
+		TakeoverMS:      divp(h.TakeoverMS, n.TakeoverMS),
+		FailoverMS:      divp(h.FailoverMS, n.FailoverMS),
+		ObserveMS:       divp(h.ObserveMS, n.ObserveMS),
 	}
 	if h.Scenario != ScenarioTakeover && h.Scenario != ScenarioElection {
 		q.AcqPerS = div(h.AcqPerS, n.AcqPerS)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -25,7 +23,8 @@ import (
 //
 // Implementations: on Consul, holdfast's consul.Semaphore and the api
 // package's api.Semaphore (native), in the same run; on etcd, holdfast's
-// etcd.Semaphore alone (etcd's client has no semaphore recipe).
+// etcd.Semaphore alone (etcd's client has no semaphore recipe). Both stores
+// add the floor with limit tokens circulating in its relay.
 const ScenarioSemaphore = "semaphore"
 
 // defaultLimit is the semaphore scenario's default limit.
@@ -56,151 +55,17 @@ func (r *runner) semaphore(ctx context.Context) error {
 	if r.opts.Hold != nil {
 		holds = []time.Duration{*r.opts.Hold}
 	}
+	impls := withFloor(r.t, st.SemaphoreImpls(limit))
 	for _, hold := range holds {
 		for _, n := range counts {
-			var rows []Result
-			for _, impl := range st.SemaphoreImpls(limit) {
-				r.logf("%s semaphore %s: limit %d, %d contenders, hold %v, %v warm-up + %v", r.t.Backend(), impl.Name(), limit, n, hold, r.opts.Warmup, r.opts.Duration)
-				res, err := r.semaphoreRow(ctx, impl, limit, n, hold)
-				if err != nil {
-					return fmt.Errorf("%s semaphore %s, %d contenders: %w", r.t.Backend(), impl.Name(), n, err)
-				}
-				r.emit(res)
-				rows = append(rows, res)
+			rows, err := r.alternate(ctx, setting{scenario: ScenarioSemaphore, n: n, hold: hold, limit: limit}, impls)
+			if err != nil {
+				return err
 			}
-			r.pair(rows)
+			r.emitRows(rows)
 		}
 	}
 	return nil
-}
-
-// semaphoreRow measures one implementation with n contenders: like a
-// contended row, except that up to limit contenders may be inside at once.
-func (r *runner) semaphoreRow(ctx context.Context, impl Impl, limit, n int, hold time.Duration) (Result, error) {
-	name := r.lockName(ScenarioSemaphore, impl.Name(), fmt.Sprintf("l%d-n%d-h%v", limit, n, hold))
-	counters := make([]*Counter, n)
-	cs := make([]Contender, n)
-	defer closeAll(cs)
-	for i := range cs {
-		counters[i] = new(Counter)
-		c, err := impl.NewContender(ctx, ContenderConfig{Lock: name, Counter: counters[i], TTL: r.opts.TTL, LockDelay: -1})
-		if err != nil {
-			return Result{}, fmt.Errorf("contender %d: %w", i, err)
-		}
-		cs[i] = c
-	}
-
-	var (
-		inside     atomic.Int32
-		violations atomic.Int64
-		errCount   atomic.Int64
-		firstErr   atomic.Pointer[error]
-		counts     = make([]int, n)
-		waits      = make([][]time.Duration, n)
-	)
-	fail := func(err error) {
-		errCount.Add(1)
-		firstErr.CompareAndSwap(nil, &err)
-	}
-	winStart := time.Now().Add(r.opts.Warmup)
-	winEnd := winStart.Add(r.opts.Duration)
-	runCtx, cancel := context.WithDeadline(ctx, winEnd)
-	defer cancel()
-	sum := func() (a, b int64) {
-		for _, c := range counters {
-			a += c.Requests()
-			b += c.Streams()
-		}
-		return a, b
-	}
-	var rpc0, st0 int64
-	snapped := make(chan struct{})
-	go func() {
-		defer close(snapped)
-		sleepCtx(runCtx, time.Until(winStart))
-		rpc0, st0 = sum()
-	}()
-
-	var wg sync.WaitGroup
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for runCtx.Err() == nil {
-				t0 := time.Now()
-				h, err := c.Lock(runCtx)
-				if err != nil {
-					if runCtx.Err() == nil {
-						fail(fmt.Errorf("lock: %w", err))
-						sleepCtx(runCtx, errorBackoff)
-					}
-					continue
-				}
-				t1 := time.Now()
-				if inside.Add(1) > int32(limit) {
-					violations.Add(1)
-				}
-				if !t1.Before(winStart) && t1.Before(winEnd) {
-					counts[i]++
-					waits[i] = append(waits[i], t1.Sub(t0))
-				}
-				if hold > 0 {
-					time.Sleep(hold)
-				}
-				inside.Add(-1)
-				uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				err = h.Unlock(uctx)
-				ucancel()
-				if err != nil {
-					fail(fmt.Errorf("unlock: %w", err))
-					sleepCtx(runCtx, errorBackoff)
-				}
-			}
-		}()
-	}
-	<-runCtx.Done()
-	rpc1, st1 := sum()
-	<-snapped
-	if !waitTimeout(&wg, stopGrace) {
-		fail(fmt.Errorf("contenders did not stop within %v of the window's end", stopGrace))
-	}
-	if err := ctx.Err(); err != nil {
-		return Result{}, err
-	}
-
-	res := Result{
-		Scenario:   ScenarioSemaphore,
-		Backend:    r.t.Backend(),
-		Impl:       impl.Name(),
-		Limit:      &limit,
-		Contenders: n,
-		HoldMS:     round(ms(hold)),
-		DurationS:  round(r.opts.Duration.Seconds()),
-		RPCUnit:    r.t.RPCUnit(),
-		TTLS:       r.opts.TTL.Seconds(),
-		Violations: int(violations.Load()),
-		Errors:     int(errCount.Load()),
-		RPCs:       rpc1 - rpc0,
-	}
-	var all []time.Duration
-	for i := range cs {
-		res.Acquisitions += counts[i]
-		all = append(all, waits[i]...)
-	}
-	res.AcqPerS = round(float64(res.Acquisitions) / r.opts.Duration.Seconds())
-	res.WaitP50MS = percentile(all, 0.50)
-	res.WaitP99MS = percentile(all, 0.99)
-	res.Fairness = jain(counts)
-	if res.Acquisitions > 0 {
-		res.RPCsPerAcq = num(float64(res.RPCs) / float64(res.Acquisitions))
-		if r.t.Backend() == "etcd" {
-			res.StreamsPerAcq = num(float64(st1-st0) / float64(res.Acquisitions))
-		}
-	}
-	if p := firstErr.Load(); p != nil {
-		res.FirstError = (*p).Error()
-	}
-	return res, nil
 }
 
 // SemaphoreImpls implements semaphoreTarget: holdfast's etcd.Semaphore.

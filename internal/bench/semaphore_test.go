@@ -45,9 +45,14 @@ func TestSemaphoreShort(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Run: %v\n%s", err, log.String())
 			}
-			want := map[string]int{"etcd": 1, "consul": 2}[backend]
-			if len(sum.Results) != want || len(sum.Ratios) != want-1 {
-				t.Fatalf("%d results and %d ratios, want %d and %d", len(sum.Results), len(sum.Ratios), want, want-1)
+			// holdfast (and api.Semaphore on Consul), then the floor with
+			// 3 tokens in its relay.
+			want := map[string]int{"etcd": 2, "consul": 3}[backend]
+			if len(sum.Results) != want || len(sum.Ratios) != want-2 {
+				t.Fatalf("%d results and %d ratios, want %d and %d", len(sum.Results), len(sum.Ratios), want, want-2)
+			}
+			if fl := sum.Results[want-1]; fl.Impl != ImplFloor || fl.OfFloor != nil || sum.Results[0].OfFloor == nil {
+				t.Errorf("want the floor last, of_floor on the others: %+v", sum.Results)
 			}
 			for _, r := range sum.Results {
 				b, _ := json.Marshal(r)

@@ -56,6 +56,7 @@ func (r *runner) takeoverRow(ctx context.Context, impl Impl, delay time.Duration
 		Backend:    r.t.Backend(),
 		Impl:       impl.Name(),
 		Contenders: 2,
+		Nodes:      r.nodes(),
 		RPCUnit:    r.t.RPCUnit(),
 		TTLS:       r.opts.TTL.Seconds(),
 		Repeats:    reps,

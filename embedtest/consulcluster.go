@@ -265,6 +265,29 @@ func (c *ConsulCluster) Kill(i int) error {
 	return nil
 }
 
+// Freeze stops server i's process (SIGSTOP): it neither sends nor receives
+// anything until Thaw, while its sockets stay open, as a server cut off in
+// both directions (or a frozen VM) would. Past the election timeout the
+// others elect a leader among themselves; a frozen leader resumes as a
+// stale leader and steps down when it hears of the newer term.
+func (c *ConsulCluster) Freeze(i int) error { return c.signal(i, syscall.SIGSTOP) }
+
+// Thaw resumes server i after Freeze (SIGCONT).
+func (c *ConsulCluster) Thaw(i int) error { return c.signal(i, syscall.SIGCONT) }
+
+func (c *ConsulCluster) signal(i int, sig syscall.Signal) error {
+	if !c.running(i) {
+		return fmt.Errorf("embedtest: consul server %d is not running", i)
+	}
+	c.mu.Lock()
+	p := c.servers[i].cmd.Process
+	c.mu.Unlock()
+	if err := p.Signal(sig); err != nil {
+		return fmt.Errorf("embedtest: consul server %d: %v: %w", i, sig, err)
+	}
+	return nil
+}
+
 // Restart starts server i again (after Kill) with its data, and waits until
 // the cluster has a leader and the server accepts writes.
 func (c *ConsulCluster) Restart(i int) error {

@@ -38,6 +38,8 @@ Scenarios:
             with more than limit holders
   waiters   one lock, W waiters (--waiters, default 2,16,128,512), hold 0:
             requests and bytes per acquisition, handoff p50/p99 as the queue grows
+  many-locks 1,000 and 10,000 locks (--locks) held through one session: time to
+            acquire and release all, renewals per second, heap and goroutines per grant
   all       all of them (--quick: every scenario, small settings, short windows)
 
 Every contended row (lock, handoff, semaphore, waiters) is measured three
@@ -57,7 +59,7 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore, waiters, many-locks or all")
 	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")
@@ -70,6 +72,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	endpoints := fs.String("endpoints", "", "etcd endpoints, comma-separated (default: start an embedded etcd)")
 	consulAddr := fs.String("consul-addr", "", "Consul agent HTTP address host:port (default: start a dev agent)")
 	jsonOut := fs.Bool("json", false, "print one JSON object per line")
+	locks := fs.String("locks", "", "many-locks scenario: comma-separated numbers of locks held at once (default 1000,10000)")
 	waiters := fs.String("waiters", "", "waiters scenario: comma-separated numbers of waiters (default 2,16,128,512)")
 	nodes := fs.Int("nodes", 1, "etcd: members of the embedded cluster (1 or 3)")
 	rounds := fs.Int("rounds", 3, "alternation rounds per contended setting (the window is split among them)")
@@ -132,10 +135,15 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if opts.LockDelays, err = parseDurations(*delays); err != nil {
 			return usagef("--lock-delays: %v", err)
 		}
-		switch *scenario {
-		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
-		case bench.ScenarioWaiters:
-		default:
+		if *locks != "" {
+			if opts.Locks, err = parseInts(*locks); err != nil {
+				return usagef("--locks: %v", err)
+			}
+			if err := (bench.ManyLocksOptions{Locks: opts.Locks}).Validate(); err != nil {
+				return usagef("--locks: %v", strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
+			}
+		}
+		if !bench.IsScenario(*scenario) {
 			return usagef("--scenario must be one of %s or all, not %q", strings.Join(bench.ScenarioNames(), ", "), *scenario)
 		}
 		switch *backend {

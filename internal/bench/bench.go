@@ -187,6 +187,9 @@ type Options struct {
 	// Waiters of the waiters scenario: one row per number of waiters on
 	// one lock. Default 2, 16, 128, 512.
 	Waiters []int
+	// Locks of the many-locks scenario: one level per number of locks held
+	// through one session. Default 1,000 and 10,000 (see ManyLocksOptions).
+	Locks []int
 	// Quick runs every scenario with its quick settings (see
 	// scenarioSpec.quick) instead of these options' counts and windows.
 	Quick bool
@@ -234,6 +237,9 @@ func (o Options) Validate() error {
 		if n < 1 || n > 1023 {
 			return fmt.Errorf("%w: waiters must be between 1 and 1023, got %d", ErrUsage, n)
 		}
+	}
+	if err := (ManyLocksOptions{Locks: o.Locks}).Validate(); err != nil {
+		return err
 	}
 	if o.Limit < 0 || o.Limit > 1024 {
 		return fmt.Errorf("%w: limit must be between 1 and 1024, got %d", ErrUsage, o.Limit)

@@ -81,7 +81,9 @@
 //     implementation is measured the others' sessions stay open and renew
 //     (etcd: one LeaseKeepAlive per session every TTL/3; Consul: one renew
 //     request per session every TTL/2), a background load that falls on
-//     all three alike.
+//     all three alike. With many waiters a window holds fewer acquisitions
+//     than there are waiters, so fairness there only says how far the queue
+//     got, not whether it is FIFO.
 //   - takeover and election: two contenders and a kill; no floor (there is
 //     no turn to pass).
 //
@@ -140,7 +142,10 @@
 //     control frames are not counted. Consul: the response body bytes read
 //     through the same RoundTripper (status lines and headers not counted).
 //   - of_floor: the row's acq_per_s divided by the floor row's of the same
-//     setting (null on the floor row). On the ratio object,
+//     setting (null on the floor row). A native row's of_floor counts
+//     acquisitions, not handoffs: api.Lock at hold 0 mostly gives the lock
+//     back to the contender that just released it (handoffs_per_s near 0),
+//     which no FIFO lock and no floor turn does. On the ratio object,
 //     holdfast_of_floor and native_of_floor; the table's vs_native column is
 //     the ratio's acq_per_s (holdfast / native).
 //   - violations: times a contender's Lock returned while another contender

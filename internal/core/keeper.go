@@ -36,7 +36,7 @@ type Keeper struct {
 func NewKeeper(sent time.Time, ttl, margin time.Duration) *Keeper {
 	k := &Keeper{}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
-	k.deadline = sent.Add(ttl - marginOf(margin))
+	k.deadline = sent.Add(clientTime(ttl - marginOf(margin)))
 	k.mu.Lock() // the timer may fire before AfterFunc returns
 	k.timer = time.AfterFunc(time.Until(k.deadline), k.fire)
 	k.mu.Unlock()
@@ -63,7 +63,7 @@ func (k *Keeper) Renewed(sent time.Time, ttl, margin time.Duration) bool {
 	if k.ended {
 		return false
 	}
-	if d := sent.Add(ttl - marginOf(margin)); d.After(k.deadline) {
+	if d := sent.Add(clientTime(ttl - marginOf(margin))); d.After(k.deadline) {
 		k.deadline = d
 		k.timer.Reset(time.Until(d))
 	}

@@ -14,10 +14,17 @@
 //     done), or, for a semaphore of limit N, at most N grants are live;
 //     grants ended from outside (a lease revoked by an operator) are exempt,
 //     since nobody can be told of those before they happen.
+//   - Release (CheckReleases): for a lock or an election, an Unlock that
+//     reports success was not called after a grant of a higher token had
+//     returned: a holder superseded without hearing of it (its key deleted
+//     from outside while its connection was frozen) must get ErrNotHeld.
 //   - Clean: after the clients stop, no key is left under the test's
 //     prefixes and no goroutine leaks (the tests check these).
 //
 // A workload is a Workload; faults are whatever the caller does while it
 // runs. The tests in this package run short scenarios on a 3-member etcd
-// cluster; "holdfast soak" runs them for as long as asked.
+// cluster and a 3-server Consul cluster; "holdfast soak" runs them for as
+// long as asked. TestBrokenVariants shows that the suite can fail: built
+// with the tag holdfast_mutants, the scenarios of variants_test.go fail
+// with each broken variant (internal/mutant) and pass without.
 package safety

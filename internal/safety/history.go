@@ -173,3 +173,27 @@ func Explain(ops []Op, shared bool) []string {
 	}
 	return out
 }
+
+// CheckReleases returns one line per successful release (Unlock returned
+// nil) of a grant that a grant of a higher token had superseded before the
+// Unlock was called: for a lock or an election (one holder at a time), an
+// Unlock that reports success must have ended a grant that was still held.
+// A holder whose key was deleted from outside, or whose session expired,
+// must hear ErrNotHeld, not success: an application that trusts the
+// success takes its critical section for completed under the lock. (Not
+// for a semaphore, whose permits are superseded by nobody.)
+func CheckReleases(ops []Op) []string {
+	var bad []string
+	for _, r := range ops {
+		if r.Kind != Release || !r.OK {
+			continue
+		}
+		for _, a := range ops {
+			if a.Kind == Acquire && a.OK && a.Token > r.Token && a.Return < r.Call {
+				bad = append(bad, fmt.Sprintf("client %d's Unlock of token %d (called at %v) succeeded, but client %d had been granted token %d at %v", r.Client, r.Token, r.Call, a.Client, a.Token, a.Return))
+				break
+			}
+		}
+	}
+	return bad
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,20 +31,27 @@ type Summary struct {
 	Stats
 	FenceViolations     []string
 	ToldFirstViolations []string
-	GrantsChecked       int
-	Linearizable        porcupine.CheckResult
+	// ReleaseViolations are successful Unlocks of superseded grants (see
+	// CheckReleases; a lock or an election only).
+	ReleaseViolations []string
+	GrantsChecked     int
+	Linearizable      porcupine.CheckResult
 	// Witnesses explain a history that is not linearizable (see Explain).
 	Witnesses []string
 	LeftKeys  []string
-	// MaxNotice is the longest time from a fault that cut a holder off to
-	// its grant context being done; MaxTakeover the longest from such a
-	// fault (or a session kill) to the next grant of a newer token.
+	// Ended is how many grants a fault ended: a holder cut off (its
+	// connection blackholed or frozen, its session destroyed) whose grant
+	// context was done with a loss, not a release, within the fault's
+	// window (while it lasted, plus the TTL). MaxNotice is the longest time
+	// from such a fault to the grant's context being done; MaxTakeover the
+	// longest from such a fault to the next grant of a newer token.
+	Ended                  int
 	MaxNotice, MaxTakeover time.Duration
 }
 
 // OK reports whether every checker passed.
 func (s Summary) OK() bool {
-	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 &&
+	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 && len(s.ReleaseViolations) == 0 &&
 		s.Linearizable == porcupine.Ok && len(s.LeftKeys) == 0 && s.Grants > 0
 }
 
@@ -56,19 +64,21 @@ func (s Summary) String() string {
 	sort.Strings(faults)
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s
-operations: grants=%d lock_failures=%d sessions=%d lost=%d fenced_writes=%d stale_writes_rejected=%d
-violations: fence=%d told_first=%d (of %d grants) linearizable=%v keys_left=%d
-worst fault-to-notice: %v; worst takeover: %v`,
+operations: grants=%d lock_failures=%d sessions=%d lost=%d
+fenced writes: accepted=%d rejected=%d (stale)
+violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
+grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
-		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes, s.Rejected,
-		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, s.Linearizable, len(s.LeftKeys),
-		s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
+		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
+		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
+		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
 }
 
 // faultLog counts faults and measures notice and takeover times.
 type faultLog struct {
 	mu        sync.Mutex
 	counts    map[string]int
+	ended     int
 	notice    time.Duration
 	takeovers []takeover
 }
@@ -87,24 +97,39 @@ func (f *faultLog) count(kind string) {
 	f.counts[kind]++
 }
 
-// victim starts timing a fault that cuts off the holder of g (if any):
-// until its context is done (notice) and until a newer token is granted
+// victim starts timing a fault that cuts off the holder of g (if any), for
+// a grant the fault ends: one whose context is done with a loss (not a
+// release) within window of the fault's start (the fault's length plus the
+// TTL: a loss after that has another cause). It measures the time until
+// the context is done (notice) and until a newer token is granted
 // (takeover, computed from the history afterwards).
-func (f *faultLog) victim(h *History, g holdfast.Grant) {
-	if g == nil {
+func (f *faultLog) victim(h *History, g holdfast.Grant, window time.Duration) {
+	if g == nil || g.Context().Err() != nil {
 		return
 	}
 	start, at := time.Now(), h.Now()
 	context.AfterFunc(g.Context(), func() {
-		if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-			return // released before the fault cut it off
-		}
 		d := time.Since(start)
+		if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) || d > window {
+			return // released, or lost long after the fault
+		}
 		f.mu.Lock()
+		f.ended++
 		f.notice = max(f.notice, d)
 		f.takeovers = append(f.takeovers, takeover{at: at, token: g.Token()})
 		f.mu.Unlock()
 	})
+}
+
+// victims calls victim for the grant of every client whose connection goes
+// to server m (client i talks to server i mod servers), as a fault on m
+// cuts them off.
+func (f *faultLog) victims(w *Workload, clients, servers, m int, window time.Duration) {
+	for v := range clients {
+		if v%servers == m {
+			f.victim(w.History, w.Tracker.Grant(v), window)
+		}
+	}
 }
 
 // finish fills s from the run's records.
@@ -114,6 +139,9 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
 	ops := w.History.Ops()
 	shared := w.Tracker.Limit > 1 // a semaphore's permits may share a token (Consul)
+	if !shared {
+		s.ReleaseViolations = CheckReleases(ops)
+	}
 	s.Linearizable = CheckLinearizable(ops, shared, 2*time.Minute)
 	if s.Linearizable != porcupine.Ok {
 		s.Witnesses = Explain(ops, shared)
@@ -121,6 +149,7 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	faults.mu.Lock()
 	defer faults.mu.Unlock()
 	s.Faults = faults.counts
+	s.Ended = faults.ended
 	s.MaxNotice = faults.notice
 	for _, t := range faults.takeovers {
 		for _, op := range ops {
@@ -142,6 +171,9 @@ const (
 	Semaphore Primitive = "semaphore"
 	Elect     Primitive = "election"
 )
+
+// Primitives lists every Primitive.
+var Primitives = []Primitive{Lock, Semaphore, Elect}
 
 // SemaphoreLimit is the limit of the scenarios' semaphores.
 const SemaphoreLimit = 2
@@ -178,6 +210,47 @@ type EtcdOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer     // faults as they happen; nil: none
+	// Faults are the kinds of fault injected (default EtcdFaults, all).
+	Faults []string
+	// LongHolds is the fraction of grants held for 4 s (twice the TTL), so
+	// that faults find holders (default 0.2; negative: none; 1: all).
+	LongHolds float64
+	// HolderFaults: the client faults (blackhole-client, pause-client) hit
+	// a holder whenever there is one, for 3 to 4 s (beyond the TTL), instead
+	// of mostly a holder for 1 to 3.5 s; and long holds last 8 s, so that
+	// the fault, not the holder's Unlock, ends the grant.
+	HolderFaults bool
+}
+
+// EtcdFaults are the kinds of fault of the etcd scenario.
+var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key", "delete-holder-key"}
+
+// ConsulFaults are the kinds of fault of the Consul scenario.
+var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "freeze-follower", "destroy-session", "blackhole-client", "pause-client"}
+
+// faultKinds returns asked, or all if asked is empty, after checking that
+// each is one of all.
+func faultKinds(asked, all []string) ([]string, error) {
+	if len(asked) == 0 {
+		return all, nil
+	}
+	for _, k := range asked {
+		if !slices.Contains(all, k) {
+			return nil, fmt.Errorf("%w: unknown fault %q (want one of %s)", holdfast.ErrInvalidArgument, k, strings.Join(all, ", "))
+		}
+	}
+	return asked, nil
+}
+
+// longHolds is the fraction of long holds asked (negative: none).
+func longHolds(f float64) float64 {
+	switch {
+	case f == 0:
+		return 0.2
+	case f < 0:
+		return 0
+	}
+	return min(f, 1)
 }
 
 // RunEtcd runs the etcd scenario: a 3-member cluster in a temporary
@@ -195,6 +268,10 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	kinds, err := faultKinds(o.Faults, EtcdFaults)
+	if err != nil {
+		return Summary{}, err
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -218,13 +295,19 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		defer proxies[i].Close()
 	}
 	name := fmt.Sprintf("safety/etcd/%d", time.Now().UnixNano())
+	longHold := 2 * etcd.MinTTL
+	if o.HolderFaults {
+		longHold = 4 * etcd.MinTTL
+	}
 	w := &Workload{
-		Clients:  o.Clients,
-		Writes:   12,
-		Hold:     100 * time.Millisecond, // holds of 0.1 to 1.2 s
-		Resource: NewResource(),
-		History:  NewHistory(),
-		Tracker:  &Tracker{Limit: o.Primitive.limit()},
+		Clients:   o.Clients,
+		Writes:    12,
+		Hold:      100 * time.Millisecond, // holds of 0.1 to 1.2 s
+		LongHolds: longHolds(o.LongHolds),
+		LongHold:  longHold,
+		Resource:  NewResource(),
+		History:   NewHistory(),
+		Tracker:   &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -266,7 +349,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		return Summary{}, err
 	}
 	defer admin.Close()
-	go func() { faultErr <- etcdFaults(runCtx, c, admin, name, o.Primitive.limit(), proxies, w, faults, logf) }()
+	go func() {
+		faultErr <- etcdFaults(runCtx, c, admin, name, o.Primitive.limit(), kinds, o.HolderFaults, proxies, w, faults, logf)
+	}()
 	st := w.Run(runCtx)
 	err = <-faultErr
 	for _, p := range proxies {
@@ -279,9 +364,8 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 }
 
 // etcdFaults injects one fault at a time, each mended before the next.
-func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	kinds := []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key"}
 	for ctx.Err() == nil {
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
 		if ctx.Err() != nil {
@@ -292,7 +376,9 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			return err
 		}
 		kind := kinds[rng.IntN(len(kinds))]
-		faults.count(kind)
+		if kind != "delete-holder-key" { // counted if there is a holder
+			faults.count(kind)
+		}
 		hold := func(lo, spread int) time.Duration {
 			return time.Duration(lo+rng.IntN(spread)) * time.Millisecond
 		}
@@ -302,11 +388,13 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			if kind == "stop-follower" {
 				m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
 			}
-			logf("%s: member %d", kind, m)
+			d := hold(1000, 2000)
+			logf("%s: member %d for %v", kind, m, d)
+			faults.victims(w, len(proxies), c.Size(), m, d+etcd.MinTTL)
 			if err := c.Stop(m); err != nil {
 				return err
 			}
-			time.Sleep(hold(1000, 2000))
+			time.Sleep(d)
 			if err := c.Restart(m); err != nil {
 				return err
 			}
@@ -323,6 +411,35 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 					Then(clientv3.OpDelete(string(kv.Key))).Commit()
 			}
 			cancel()
+		case "delete-holder-key":
+			// An operator deletes a holder's key while the holder's
+			// connection is frozen, so that it cannot hear of it: its
+			// Unlock, called meanwhile, must not report success (its
+			// release is guarded), and nothing else it does may count.
+			h, ok := w.Tracker.Holder()
+			g := w.Tracker.Grant(h)
+			if !ok || g == nil || g.Context().Err() != nil {
+				continue
+			}
+			faults.count(kind)
+			proxies[h].Pause()
+			w.Tracker.Exempt(g.Token()) // ended from outside: nobody can be told first
+			faults.victim(w.History, g, etcd.MinTTL)
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := admin.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(g.Key()), "=", int64(g.Token()))).
+				Then(clientv3.OpDelete(g.Key())).Commit()
+			cancel()
+			logf("%s: client %d, %s (token %d): deleted=%v %v", kind, h, g.Key(), g.Token(), err == nil && resp.Succeeded, err)
+			// Until the holder calls Unlock (its grant is released), for at
+			// most 0.85 s: its safe deadline is at least 0.93 s away (TTL -
+			// margin - the renewal period).
+			for end := time.Now().Add(850 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				if g.Context().Err() != nil {
+					break
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+			proxies[h].Mend()
 		case "cut-leader-peers":
 			logf("%s: member %d", kind, leader)
 			c.CutPeer(leader)
@@ -330,17 +447,21 @@ func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Clien
 			c.MendPeer(leader)
 		case "blackhole-client", "pause-client":
 			v := rng.IntN(len(proxies))
-			if h, ok := w.Tracker.Holder(); ok && rng.IntN(3) > 0 {
+			if h, ok := w.Tracker.Holder(); ok && (holderFaults || rng.IntN(3) > 0) {
 				v = h // mostly the holder: the case that matters
 			}
-			logf("%s: client %d", kind, v)
-			faults.victim(w.History, w.Tracker.Grant(v))
+			d := hold(1000, 2500) // below and beyond the TTL
+			if holderFaults {
+				d = hold(3000, 1000)
+			}
+			logf("%s: client %d for %v", kind, v, d)
+			faults.victim(w.History, w.Tracker.Grant(v), d+etcd.MinTTL)
 			if kind == "blackhole-client" {
 				proxies[v].Blackhole()
 			} else {
 				proxies[v].Pause()
 			}
-			time.Sleep(hold(1000, 2500)) // below and beyond the TTL
+			time.Sleep(d)
 			proxies[v].Mend()
 		}
 	}
@@ -406,6 +527,11 @@ type ConsulOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer
+	// Faults are the kinds of fault injected (default ConsulFaults, all).
+	Faults []string
+	// LongHolds is the fraction of grants held for 12 s (past the TTL), so
+	// that faults find holders (default 0.2; negative: none; 1: all).
+	LongHolds float64
 }
 
 // RunConsul runs the Consul scenario on a real 3-server cluster: Clients
@@ -425,6 +551,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	kinds, err := faultKinds(o.Faults, ConsulFaults)
+	if err != nil {
+		return Summary{}, err
 	}
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -455,12 +585,14 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	name := fmt.Sprintf("safety/consul/%d", time.Now().UnixNano())
 	w := &Workload{
-		Clients:  o.Clients,
-		Writes:   12,
-		Hold:     100 * time.Millisecond,
-		Resource: NewResource(),
-		History:  NewHistory(),
-		Tracker:  &Tracker{Limit: o.Primitive.limit()},
+		Clients:   o.Clients,
+		Writes:    12,
+		Hold:      100 * time.Millisecond,
+		LongHolds: longHolds(o.LongHolds),
+		LongHold:  consul.MinTTL + consul.MinTTL/5,
+		Resource:  NewResource(),
+		History:   NewHistory(),
+		Tracker:   &Tracker{Limit: o.Primitive.limit()},
 		NewLocker: func(ctx context.Context, client int) (holdfast.Locker, func(), error) {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -503,7 +635,6 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	go func() {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
-			kinds := []string{"kill-leader", "kill-follower", "destroy-session", "blackhole-client", "pause-client"}
 			for runCtx.Err() == nil {
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
 				if runCtx.Err() != nil {
@@ -525,13 +656,38 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					if kind == "kill-follower" {
 						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
 					}
+					d := time.Duration(1000+rng.IntN(3000)) * time.Millisecond
 					faults.count(kind)
-					logf("%s: server %d", kind, m)
+					logf("%s: server %d for %v", kind, m, d)
+					faults.victims(w, o.Clients, c.Size(), m, d+consul.MinTTL)
 					if err := c.Kill(m); err != nil {
 						return err
 					}
-					sleep(runCtx, time.Duration(1000+rng.IntN(3000))*time.Millisecond)
+					sleep(runCtx, d)
 					if err := c.Restart(m); err != nil {
+						return err
+					}
+				case "freeze-leader", "freeze-follower":
+					// A server that neither sends nor receives, past the
+					// election timeout (1 s): what a partition does to it,
+					// short of letting it run meanwhile (docs/SAFETY.md).
+					leader, err := c.WaitLeader(30 * time.Second)
+					if err != nil {
+						return err
+					}
+					m := leader
+					if kind == "freeze-follower" {
+						m = (leader + 1 + rng.IntN(c.Size()-1)) % c.Size()
+					}
+					d := time.Duration(2000+rng.IntN(6000)) * time.Millisecond
+					faults.count(kind)
+					logf("%s: server %d for %v", kind, m, d)
+					faults.victims(w, o.Clients, c.Size(), m, d+consul.MinTTL)
+					if err := c.Freeze(m); err != nil {
+						return err
+					}
+					sleep(runCtx, d)
+					if err := c.Thaw(m); err != nil {
 						return err
 					}
 				case "destroy-session":
@@ -548,18 +704,19 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 					faults.count(kind)
 					logf("%s: client %d", kind, v)
 					w.Tracker.Exempt(g.Token())
-					faults.victim(w.History, g)
+					faults.victim(w.History, g, consul.MinTTL)
 					_, _ = cli.Session().Destroy(s.ID(), nil)
 				default:
+					d := time.Duration(3000+rng.IntN(10000)) * time.Millisecond // below and beyond the TTL
 					faults.count(kind)
-					logf("%s: client %d", kind, v)
-					faults.victim(w.History, g)
+					logf("%s: client %d for %v", kind, v, d)
+					faults.victim(w.History, g, d+consul.MinTTL)
 					if kind == "blackhole-client" {
 						proxies[v].Blackhole()
 					} else {
 						proxies[v].Pause()
 					}
-					sleep(runCtx, time.Duration(3000+rng.IntN(10000))*time.Millisecond) // below and beyond the TTL
+					sleep(runCtx, d)
 					proxies[v].Mend()
 				}
 			}

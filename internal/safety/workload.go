@@ -21,6 +21,12 @@ type Workload struct {
 	// is done.
 	Writes int
 	Hold   time.Duration
+	// LongHolds is the fraction of grants (0 to 1) held for LongHold
+	// instead, writing every Hold until LongHold has passed or the grant
+	// ends: holders that a fault is likely to cut off while they hold, as
+	// a batch job's would be.
+	LongHolds float64
+	LongHold  time.Duration
 	// LockTimeout bounds each Lock (default 10 s).
 	LockTimeout time.Duration
 	// NewLocker opens a new session for client and returns the lock on it
@@ -115,7 +121,11 @@ func (w *Workload) client(ctx context.Context, c int) Stats {
 		h.Add(Op{Client: c, Kind: Acquire, Token: g.Token(), OK: true, Call: call, Return: ret})
 		st.Grants++
 		w.Tracker.Granted(c, g)
-		for range 1 + rand.IntN(writes) {
+		n, until := 1+rand.IntN(writes), time.Time{}
+		if w.LongHolds > 0 && rand.Float64() < w.LongHolds {
+			n, until = -1, time.Now().Add(w.LongHold)
+		}
+		for i := 0; i != n && ctx.Err() == nil && (until.IsZero() || time.Now().Before(until)); i++ {
 			if g.Context().Err() != nil {
 				break
 			}

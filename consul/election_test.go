@@ -126,7 +126,7 @@ func TestElectionLockDelayFailover(t *testing.T) {
 		}
 		won <- g
 	}()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	time.Sleep(100 * time.Millisecond) // at the head, watching the lock key
 	start := time.Now()
 	destroy(t, c, s1.ID())
@@ -358,7 +358,7 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		}
 		won <- g
 	}()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	if err := mg.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	s3 := newSession(t, c, WithLockDelay(0))
 	done := make(chan error, 1)
 	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	destroy(t, c, s3.ID())
 	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Fatalf("Campaign of a destroyed session: %v", err)

@@ -56,6 +56,7 @@ type Mutex struct {
 	name        string
 	prefix      string // "<name>/"
 	lockKey     string
+	tailKey     string
 	queuePrefix string
 	queueKey    string
 	reentry     core.Reentry[*Grant]
@@ -83,6 +84,7 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 		name:        queueKey[:len(name)],
 		prefix:      queueKey[:len(name)+1],
 		lockKey:     LockKey(name),
+		tailKey:     name + tailSuffix,
 		queuePrefix: queueKey[:len(name)+len(queueInfix)],
 		queueKey:    queueKey,
 		reentry:     core.Reentry[*Grant]{Enabled: cfg.Reentrant},
@@ -154,7 +156,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			free()
 			return nil, a.fail(err)
 		}
-		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey}, free)
+		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, free)
 		grace := time.NewTimer(cleanupGrace)
 		defer grace.Stop()
 		select {
@@ -170,7 +172,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	if el != nil {
 		a.next = nil // an election's grant hands nothing over
 	}
-	g, err := m.grant(token, a.next, free, el != nil)
+	g, err := m.grant(token, a, free, el != nil)
 	if err == nil {
 		g.base.Observed(m.name, start)
 	}
@@ -178,10 +180,11 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the
-// session's. next is whom to hand the lock to on Unlock, as far as we know.
+// session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
-func (m *Mutex) grant(token uint64, next []waiter, free func(), plain bool) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token, plain: plain}
+func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*Grant, error) {
+	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: a.next, index: token, plain: plain,
+		tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

@@ -265,7 +265,7 @@ func TestPartitionedHolder(t *testing.T) {
 		g, err := newMutex(t, other, name).Lock(timeout(t, 4*ttl))
 		res <- result{g, err, time.Now()}
 	}()
-	waitFor(t, 5*time.Second, "other queued", func() bool { return len(keys(t, a.Client(t), name)) == 2 })
+	waitFor(t, 5*time.Second, "other queued", func() bool { return queueLen(t, a.Client(t), name) == 1 })
 
 	t0 := time.Now()
 	p.Blackhole()
@@ -711,7 +711,7 @@ func TestWaiterSessionLost(t *testing.T) {
 		_, err := wm.Lock(timeout(t, 30*time.Second))
 		res <- err
 	}()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return len(keys(t, admin, name)) == 2 })
+	waitFor(t, 5*time.Second, "waiter queued", func() bool { return queueLen(t, admin, name) == 1 })
 	t0 := time.Now()
 	destroy(t, admin, ws.ID())
 	err = <-res

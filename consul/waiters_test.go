@@ -56,12 +56,14 @@ func (c waitersCost) String() string {
 		c.waiters, c.acquisitions, c.requests, c.bytes, c.seconds)
 }
 
-// measureWaiters runs n contenders on one lock, each with its own client
-// and session, each locking again as soon as it unlocks (hold 0), so that
-// n-1 of them always wait. Counting starts once all n-1 have queued behind
-// the first holder, and stops after acqs acquisitions.
-func measureWaiters(t *testing.T, n int, acqs int64) waitersCost {
+// measureWaiters runs waiters+1 contenders on one lock, each with its own
+// client and session, each locking again as soon as it unlocks (hold 0), so
+// that waiters of them always wait while one holds. Counting starts once
+// all the waiters have queued behind the first holder, and stops after acqs
+// acquisitions.
+func measureWaiters(t *testing.T, waiters int, acqs int64) waitersCost {
 	t.Helper()
+	n := waiters + 1
 	a := agent(t)
 	name := uniqueName(t) + fmt.Sprintf("/n%d", n)
 	var requests, bytes atomic.Int64
@@ -117,7 +119,7 @@ func measureWaiters(t *testing.T, n int, acqs int64) waitersCost {
 	)
 	stop := func() {
 		once.Do(func() {
-			result = waitersCost{waiters: n, acquisitions: done.Load(), seconds: time.Since(start).Seconds()}
+			result = waitersCost{waiters: waiters, acquisitions: done.Load(), seconds: time.Since(start).Seconds()}
 			result.requests = float64(requests.Load()) / float64(result.acquisitions)
 			result.bytes = float64(bytes.Load()) / float64(result.acquisitions)
 			cancel()
@@ -150,7 +152,7 @@ func measureWaiters(t *testing.T, n int, acqs int64) waitersCost {
 		go loop(m, nil)
 	}
 	c := a.Client(t)
-	waitFor(t, 2*time.Minute, "every waiter queued", func() bool { return len(keys(t, c, name)) == n })
+	waitFor(t, 2*time.Minute, "every waiter queued", func() bool { return queueLen(t, c, name) == waiters })
 	time.Sleep(100 * time.Millisecond) // the waiters' first blocking queries
 	requests.Store(0)
 	bytes.Store(0)
@@ -165,15 +167,10 @@ func measureWaiters(t *testing.T, n int, acqs int64) waitersCost {
 }
 
 // TestWaitersCost measures the requests and response bytes per acquisition
-// with 2, 16 and 128 contenders on one lock (512 in
-// TestWaitersCostFlat512, without -race).
+// with 2, 16 and 128 waiters on one lock (512 in TestWaitersCostFlat512,
+// without -race).
 func TestWaitersCost(t *testing.T) {
 	for _, n := range []int{2, 16, 128} {
 		t.Log(measureWaiters(t, n, int64(max(200, 2*n))))
 	}
-}
-
-// TestWaitersCostFlat512 measures 512 contenders on one lock.
-func TestWaitersCostFlat512(t *testing.T) {
-	t.Log(measureWaiters(t, 512, 1024))
 }

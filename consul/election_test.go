@@ -359,8 +359,14 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		won <- g
 	}()
 	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
+	// A candidate never announces itself (a leader's value is its own): the
+	// Unlock waits for that at most 250 ms, then reads the queue.
+	t0 := time.Now()
 	if err := mg.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("Unlock took %v with a candidate queued, want about 250 ms", d)
 	}
 	g := <-won
 	if g == nil {

@@ -34,9 +34,13 @@ func LockKey(name string) string { return name + lockSuffix }
 // like api.Lock's (api.LockFlagValue), so api.Lock and `consul lock` users of
 // the same key exclude holdfast and the other way round. Waiters queue under
 // "<name>/.queue/<session ID>", keys acquired with their session and ordered
-// by CreateIndex; only the head of the queue tries to acquire the lock, and
-// every other waiter watches only the waiter just ahead of it, so a release
-// wakes one waiter. On Unlock, a holder hands the lock directly to the
+// by CreateIndex, and "<name>/.tail" names the waiter that queued last (it
+// exists only while somebody queues); only the head of the queue tries to
+// acquire the lock, and every other waiter watches only the waiter just
+// ahead of it, so a release wakes one waiter, and no waiter reads the whole
+// queue on its way to the lock (unless a waiter just ahead of it gives up or
+// dies): the requests and bytes an acquisition costs do not grow with the
+// queue. On Unlock, a holder hands the lock directly to the
 // current head of the queue (see Grant.Unlock). Foreign api.Lock clients do
 // not queue: they may take the lock ahead of holdfast waiters when it is
 // free, but while holdfast waiters queue, a holdfast holder hands it to the
@@ -44,8 +48,8 @@ func LockKey(name string) string { return name + lockSuffix }
 // queues. Either way Consul's lock never lets two sessions hold it.
 //
 // Names nest as on etcd: a Mutex on "a" fails with holdfast.ErrConflict if
-// it finds keys of a longer name (anything under "a/" other than "a/.lock"
-// and "a/.queue/<session>", such as the lock key "a/b/.lock" of a Mutex on
+// it finds keys of a longer name (anything under "a/" other than "a/.lock",
+// "a/.tail" and "a/.queue/<session>", such as the lock key "a/b/.lock" of a Mutex on
 // "a/b"), and leaves nothing behind; the longer name is unaffected.
 //
 // A Mutex belongs to one Session. Lock and TryLock may be called from many

@@ -222,9 +222,7 @@ func (g *Grant) release(ctx context.Context) error {
 	s := g.m.s
 	var err error
 	switch {
-	case g.plain && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased):
-		err = g.releasePlain(ctx)
-	case errors.Is(context.Cause(g.Context()), holdfast.ErrReleased):
+	case !g.plain && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased):
 		err = errStale
 		if len(g.next) > 0 || g.tailKnown && g.alone {
 			err = g.handOver(ctx)
@@ -242,8 +240,8 @@ func (g *Grant) release(ctx context.Context) error {
 		if errors.Is(err, holdfast.ErrNotHeld) {
 			s.checkSoon()
 		}
-	default:
-		err = s.releaseKey(ctx, g.Key())
+	default: // an election's grant, a lost one, or the session ends
+		err = g.releasePlain(ctx)
 	}
 	if err == nil || core.Final(err) {
 		s.forget(g)
@@ -403,10 +401,11 @@ func (g *Grant) refresh(ctx context.Context) error {
 	return nil
 }
 
-// releasePlain releases an election's grant: [check-session, delete] of
-// the lock key (see Session.releaseKey), which reads the tail key too; if
-// the tail key names our own last queue entry (nobody queued after us), it
-// is deleted, if unchanged.
+// releasePlain releases the lock key without handing it over (an
+// election's grant, a lost grant, a grant whose session ends):
+// [check-session, delete] of the lock key (see Session.releaseKey), which
+// reads the tail key too; if the tail key names our own last queue entry
+// (nobody queued after us), it is deleted, if unchanged.
 func (g *Grant) releasePlain(ctx context.Context) error {
 	s, m := g.m.s, g.m
 	var ops api.TxnOps

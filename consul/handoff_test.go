@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -499,5 +500,53 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTailKeyRemoved: the tail key lives only while somebody queues. A
+// waiter that gives up as the last in the queue points it back at the live
+// waiter ahead of it; a holder handed the lock as the last in the queue
+// deletes it when its session closes; nothing is left.
+func TestTailKeyRemoved(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	tailKey := name + tailSuffix
+	g0, err := newMutex(t, newSession(t, c, WithLockDelay(0)), name).Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	w1res := queueUp(t, c, w1, timeout(t, 10*time.Second))
+	w2ctx, w2cancel := context.WithCancel(context.Background())
+	defer w2cancel()
+	w2res := queueUp(t, c, w2, w2ctx)
+	if tail, _, err := c.KV().Get(tailKey, nil); err != nil || tail == nil || string(tail.Value) != w2.s.id {
+		t.Fatalf("tail key %+v, %v: want w2's session", tail, err)
+	}
+	w2cancel()
+	if r := receive(t, w2res, 5*time.Second, "w2"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w2: %v, want context.Canceled", r.err)
+	}
+	waitFor(t, cleanupBound, "the tail key pointed back at w1", func() bool {
+		tail, _, err := c.KV().Get(tailKey, nil)
+		return err == nil && tail != nil && strings.HasPrefix(string(tail.Value), s1.ID()+" ")
+	})
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, w1res, 5*time.Second, "w1")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	// w1 holds, handed the lock as the last in the queue; its session ends.
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
 	}
 }

@@ -4,12 +4,12 @@ export GOTOOLCHAIN := local
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: test consul lint demo bench mutants fuzz
+.PHONY: test consul lint demo bench bench-docs bench-plots mutants fuzz
 
 test: consul
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 25m ./...
-	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestWaitersCostFlat512' ./etcd/ ./consul/   # memory figures and 256 contenders, without -race's slowness
+	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./etcd/ ./consul/ ./internal/bench/   # memory figures and 256 contenders, without -race's slowness
 
 # Build (first run: about 4 minutes) or locate the cached Consul server.
 consul:
@@ -25,6 +25,32 @@ demo:
 
 bench:
 	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all
+
+# docs/BENCHMARKS.md: run every benchmark scenario on both stores (embedded
+# etcd, Consul dev agent), one JSON line per row into docs/bench/<store>.jsonl,
+# then `make bench-plots`. About 8.5 minutes at the default 3 s window on a
+# 2-core machine (7.4 measured with BENCH_DURATION=1s) (docs/BENCHMARKS.md, "Reproducing"); BENCH_DURATION=1s for a
+# reduced run, and then say so with BENCH_LABEL.
+BENCH_DURATION ?= 3s
+BENCH_SCENARIOS ?= all many-locks
+BENCH_FLAGS ?=
+BENCH_LABEL ?=
+bench-docs: consul
+	@mkdir -p docs/bench
+	@set -e; for b in etcd consul; do \
+		rm -f docs/bench/$$b.jsonl.tmp; \
+		for s in $(BENCH_SCENARIOS); do \
+			echo "bench-docs: $$b $$s" >&2; \
+			$(GO) run ./cmd/holdfast bench --backend $$b --scenario $$s --duration $(BENCH_DURATION) $(BENCH_FLAGS) --json >> docs/bench/$$b.jsonl.tmp; \
+		done; \
+		mv docs/bench/$$b.jsonl.tmp docs/bench/$$b.jsonl; \
+	done
+	$(MAKE) bench-plots
+
+# Regenerate the plots (docs/bench/*.png) and the tables of docs/BENCHMARKS.md
+# from the JSON lines already in docs/bench/, without running anything.
+bench-plots:
+	$(GO) run ./cmd/benchdocs -out docs/bench -doc docs/BENCHMARKS.md -label "$(BENCH_LABEL)" docs/bench/*.jsonl
 
 # Remove each safety guard in turn (docs/GUARDS.md) and check that the tests
 # meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.

@@ -36,6 +36,8 @@ Scenarios:
             hold 0 and 1 ms (Consul: api.Semaphore side by side; etcd:
             holdfast alone, no native recipe); violations count moments
             with more than limit holders
+  many-locks 1,000 and 10,000 locks (--locks) held through one session: time to
+            acquire and release all, renewals per second, heap and goroutines per grant
   all       all three (about 3 minutes on Consul, 1 minute on etcd)
 
 Output: an aligned table and one ratio line (holdfast/native) per setting, or
@@ -59,6 +61,7 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	endpoints := fs.String("endpoints", "", "etcd endpoints, comma-separated (default: start an embedded etcd)")
 	consulAddr := fs.String("consul-addr", "", "Consul agent HTTP address host:port (default: start a dev agent)")
 	jsonOut := fs.Bool("json", false, "print one JSON object per line")
+	locks := fs.String("locks", "1000,10000", "many-locks scenario: comma-separated numbers of locks held at once")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) > 0 {
 			return usagef("unexpected arguments: %s", strings.Join(args, " "))
@@ -100,6 +103,10 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--lock-delays: %v", err)
 		}
 		switch *scenario {
+		case bench.ScenarioManyLocks:
+			if _, err := manyLocksOptions(*locks, opts); err != nil {
+				return err
+			}
 		case bench.ScenarioLock, bench.ScenarioHandoff, bench.ScenarioTakeover, bench.ScenarioElection, bench.ScenarioSemaphore, bench.ScenarioAll:
 		default:
 			return usagef("--scenario must be lock, handoff, takeover, election, semaphore or all, not %q", *scenario)
@@ -134,6 +141,9 @@ func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		t, err := openTarget(e, *backend, *endpoints, *consulAddr)
 		if err != nil {
 			return err
+		}
+		if *scenario == bench.ScenarioManyLocks {
+			return runManyLocks(ctx, e, t, *locks, opts, *jsonOut)
 		}
 		sum, runErr := bench.Run(ctx, t, *scenario, opts)
 		if err := t.Close(); err != nil && runErr == nil {

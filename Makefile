@@ -9,7 +9,7 @@ STATICCHECK_VERSION ?= v0.8.2
 test: consul
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 25m ./...
-	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory' ./etcd/ ./consul/ ./internal/bench/   # memory figures and 256 contenders, without -race's slowness
+	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./etcd/ ./consul/ ./internal/bench/   # memory figures and 256 contenders, without -race's slowness
 
 # Build (first run: about 4 minutes) or locate the cached Consul server.
 consul:

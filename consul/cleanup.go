@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/hashicorp/consul/api"
 
@@ -15,6 +16,7 @@ import (
 // we did not learn, or a handoff to us while we were giving up).
 type leftover struct {
 	name, lockKey, queueKey string
+	m                       *Mutex // the Mutex behind the keys above
 	// fn, if set, is the cleanup itself (a Semaphore's or RWMutex's: see
 	// permits.leave); the keys above are then unused.
 	fn func(context.Context) error
@@ -62,8 +64,9 @@ func (s *Session) abandon(l leftover) {
 	s.abandoned[l.name] = l
 }
 
-// clean deletes our queue key and reads the lock key in one transaction,
-// then releases the lock key if our session holds it. Once the queue key is
+// clean deletes our queue key and reads the lock key and the tail key in
+// one transaction, then releases the lock key if our session holds it, and
+// repairs the tail key if it names us (see Mutex.repairTail). Once the queue key is
 // gone no holder can hand us the lock, so a handoff to us is either seen by
 // that read or never happens. The caller holds the name in s.names, so that
 // no grant or acquisition of ours uses these keys meanwhile.
@@ -71,7 +74,7 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 	if l.fn != nil {
 		return l.fn(ctx)
 	}
-	ops := api.TxnOps{kvOp(api.KVDelete, l.queueKey), kvOp(api.KVGetOrEmpty, l.lockKey)}
+	ops := api.TxnOps{kvOp(api.KVDelete, l.queueKey), kvOp(api.KVGetOrEmpty, l.lockKey), kvOp(api.KVGetOrEmpty, l.m.tailKey)}
 	resp, err := s.txn(ctx, ops)
 	var rb *rollback
 	switch {
@@ -82,6 +85,12 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 	}
 	for _, r := range resp.Results {
 		e := r.KV
+		if t, ok := l.m.tailEntry(e); ok && e.Key == l.m.tailKey && t.session == s.id {
+			if err := l.m.repairTail(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		switch {
 		case e == nil || e.Key != l.lockKey:
 		case e.Session == s.id:
@@ -97,4 +106,40 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		}
 	}
 	return nil
+}
+
+// repairTail points the tail key, which names an entry of ours that is
+// gone, at the live queue entry created last, or deletes it if nobody
+// queues: one read of the subtree, then a cas (a waiter that queued
+// meanwhile has moved the tail key, and the cas fails: it names a live
+// entry then).
+func (m *Mutex) repairTail(ctx context.Context) error {
+	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	v := m.parse(resp.Results)
+	if v.tail == nil {
+		return nil
+	}
+	if t, ok := m.tailEntry(v.tail); !ok || t.session != m.s.id {
+		return nil // somebody queued since
+	}
+	var op *api.TxnOp
+	if len(v.queue) == 0 {
+		op = deleteCAS(m.tailKey, v.tail.ModifyIndex)
+	} else {
+		last := v.queue[len(v.queue)-1]
+		value := fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex)
+		op = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.tailKey, Index: v.tail.ModifyIndex, Value: value}}
+	}
+	_, err = m.s.txn(ctx, api.TxnOps{op})
+	if errors.As(err, &rb) && !rb.denied() {
+		return nil // somebody queued since
+	}
+	return err
 }

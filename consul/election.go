@@ -113,12 +113,16 @@ func (a *acquisition) retake() (uint64, error) {
 	case err != nil:
 		return 0, err
 	}
+	var term uint64 // the lock operation's entry: the last one (the check-session's comes first)
 	for _, r := range resp.Results {
 		if r.KV != nil && r.KV.Key == m.lockKey && r.KV.Session == m.s.id {
-			return r.KV.ModifyIndex, nil
+			term = r.KV.ModifyIndex
 		}
 	}
-	return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
+	if term == 0 {
+		return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
+	}
+	return term, nil
 }
 
 // current returns the latest leadership won through e, or an error wrapping

@@ -126,7 +126,7 @@ func TestElectionLockDelayFailover(t *testing.T) {
 		}
 		won <- g
 	}()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	time.Sleep(100 * time.Millisecond) // at the head, watching the lock key
 	start := time.Now()
 	destroy(t, c, s1.ID())
@@ -358,9 +358,15 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		}
 		won <- g
 	}()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
+	// A candidate never announces itself (a leader's value is its own): the
+	// Unlock waits for that at most 250 ms, then reads the queue.
+	t0 := time.Now()
 	if err := mg.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("Unlock took %v with a candidate queued, want about 250 ms", d)
 	}
 	g := <-won
 	if g == nil {
@@ -399,7 +405,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	s3 := newSession(t, c, WithLockDelay(0))
 	done := make(chan error, 1)
 	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
-	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return len(keys(t, c, name)) == 2 })
+	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	destroy(t, c, s3.ID())
 	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Fatalf("Campaign of a destroyed session: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,29 +62,40 @@ func lockKeyNow(t *testing.T, c *api.Client, name string) *api.KVPair {
 }
 
 // holderKnowing returns a grant of a holder that knows the waiters queued
-// behind it: a first holder (who knows nobody) holds, x queues, then the
-// waiters queue, and the first holder releases, so that x takes the lock and
-// reads the queue in the same transaction.
+// behind it: a foreign holder (api.Lock, to which nobody announces) holds,
+// x queues, then the waiters queue, and the foreign holder releases, so
+// that x takes the free lock and reads the queue in the same transaction.
 func holderKnowing(t *testing.T, c *api.Client, name string, x *Mutex, waiters ...*Mutex) (*Grant, []<-chan lockResult) {
 	t.Helper()
-	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
-	g0, err := first.Lock(timeout(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := foreignHolder(t, c, name)
 	xres := queueUp(t, c, x, timeout(t, 30*time.Second))
 	var res []<-chan lockResult
 	for _, w := range waiters {
 		res = append(res, queueUp(t, c, w, timeout(t, 30*time.Second)))
 	}
-	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	r := receive(t, xres, 5*time.Second, "x")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
 	return r.g, res
+}
+
+// foreignHolder takes the lock with api.Lock and returns its release.
+func foreignHolder(t *testing.T, c *api.Client, name string) (release func()) {
+	t.Helper()
+	l, err := c.LockOpts(&api.LockOptions{Key: LockKey(name), SessionTTL: "10s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(nil); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := l.Unlock(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestHandoffFIFO: each holder hands the lock directly to the head of the
@@ -189,11 +201,16 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 		t.Fatal(r2.err)
 	}
 	t.Logf("w2 got the lock %v after w1 gave up", time.Since(t0))
-	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name)}) {
-		t.Errorf("keys: %q, want the lock key only", ks)
+	// The tail key names w2's entry (w2 queued last), gone since w2 took
+	// the lock; w2's Unlock deletes it.
+	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), name + tailSuffix}) {
+		t.Errorf("keys: %q, want the lock key and the tail key only", ks)
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
 	}
 }
 
@@ -452,19 +469,13 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	w1 := newMutex(t, s1, name)
 	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
 
-	first := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
-	g0, err := first.Lock(timeout(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := foreignHolder(t, c, name) // x takes the free lock, reading the queue
 	xres := queueUp(t, c, x, timeout(t, 10*time.Second))
 	w1ctx, w1cancel := context.WithCancel(context.Background())
 	defer w1cancel()
 	w1res := queueUp(t, c, w1, w1ctx)
 	w2res := queueUp(t, c, w2, timeout(t, 30*time.Second))
-	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	r := receive(t, xres, 5*time.Second, "x")
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -489,5 +500,53 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTailKeyRemoved: the tail key lives only while somebody queues. A
+// waiter that gives up as the last in the queue points it back at the live
+// waiter ahead of it; a holder handed the lock as the last in the queue
+// deletes it when its session closes; nothing is left.
+func TestTailKeyRemoved(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	tailKey := name + tailSuffix
+	g0, err := newMutex(t, newSession(t, c, WithLockDelay(0)), name).Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := newSession(t, a.Client(t), WithLockDelay(0))
+	w1 := newMutex(t, s1, name)
+	w2 := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	w1res := queueUp(t, c, w1, timeout(t, 10*time.Second))
+	w2ctx, w2cancel := context.WithCancel(context.Background())
+	defer w2cancel()
+	w2res := queueUp(t, c, w2, w2ctx)
+	if tail, _, err := c.KV().Get(tailKey, nil); err != nil || tail == nil || string(tail.Value) != w2.s.id {
+		t.Fatalf("tail key %+v, %v: want w2's session", tail, err)
+	}
+	w2cancel()
+	if r := receive(t, w2res, 5*time.Second, "w2"); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("w2: %v, want context.Canceled", r.err)
+	}
+	waitFor(t, cleanupBound, "the tail key pointed back at w1", func() bool {
+		tail, _, err := c.KV().Get(tailKey, nil)
+		return err == nil && tail != nil && strings.HasPrefix(string(tail.Value), s1.ID()+" ")
+	})
+	if err := g0.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, w1res, 5*time.Second, "w1")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	// w1 holds, handed the lock as the last in the queue; its session ends.
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys left: %q", ks)
 	}
 }

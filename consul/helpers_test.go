@@ -93,6 +93,18 @@ func keys(t testing.TB, c *api.Client, name string) []string {
 	return ks
 }
 
+// queueLen counts the queue entries of the Mutex called name.
+func queueLen(t testing.TB, c *api.Client, name string) int {
+	t.Helper()
+	n := 0
+	for _, k := range keys(t, c, name) {
+		if strings.HasPrefix(k, name+queueInfix) {
+			n++
+		}
+	}
+	return n
+}
+
 // destroy destroys a session through c, as Consul would invalidate it.
 func destroy(t testing.TB, c *api.Client, id string) {
 	t.Helper()

@@ -34,9 +34,13 @@ func LockKey(name string) string { return name + lockSuffix }
 // like api.Lock's (api.LockFlagValue), so api.Lock and `consul lock` users of
 // the same key exclude holdfast and the other way round. Waiters queue under
 // "<name>/.queue/<session ID>", keys acquired with their session and ordered
-// by CreateIndex; only the head of the queue tries to acquire the lock, and
-// every other waiter watches only the waiter just ahead of it, so a release
-// wakes one waiter. On Unlock, a holder hands the lock directly to the
+// by CreateIndex, and "<name>/.tail" names the waiter that queued last (it
+// exists only while somebody queues); only the head of the queue tries to
+// acquire the lock, and every other waiter watches only the waiter just
+// ahead of it, so a release wakes one waiter, and no waiter reads the whole
+// queue on its way to the lock (unless a waiter just ahead of it gives up or
+// dies): the requests and bytes an acquisition costs do not grow with the
+// queue. On Unlock, a holder hands the lock directly to the
 // current head of the queue (see Grant.Unlock). Foreign api.Lock clients do
 // not queue: they may take the lock ahead of holdfast waiters when it is
 // free, but while holdfast waiters queue, a holdfast holder hands it to the
@@ -44,8 +48,8 @@ func LockKey(name string) string { return name + lockSuffix }
 // queues. Either way Consul's lock never lets two sessions hold it.
 //
 // Names nest as on etcd: a Mutex on "a" fails with holdfast.ErrConflict if
-// it finds keys of a longer name (anything under "a/" other than "a/.lock"
-// and "a/.queue/<session>", such as the lock key "a/b/.lock" of a Mutex on
+// it finds keys of a longer name (anything under "a/" other than "a/.lock",
+// "a/.tail" and "a/.queue/<session>", such as the lock key "a/b/.lock" of a Mutex on
 // "a/b"), and leaves nothing behind; the longer name is unaffected.
 //
 // A Mutex belongs to one Session. Lock and TryLock may be called from many
@@ -56,6 +60,7 @@ type Mutex struct {
 	name        string
 	prefix      string // "<name>/"
 	lockKey     string
+	tailKey     string
 	queuePrefix string
 	queueKey    string
 	reentry     core.Reentry[*Grant]
@@ -83,6 +88,7 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 		name:        queueKey[:len(name)],
 		prefix:      queueKey[:len(name)+1],
 		lockKey:     LockKey(name),
+		tailKey:     name + tailSuffix,
 		queuePrefix: queueKey[:len(name)+len(queueInfix)],
 		queueKey:    queueKey,
 		reentry:     core.Reentry[*Grant]{Enabled: cfg.Reentrant},
@@ -154,7 +160,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			free()
 			return nil, a.fail(err)
 		}
-		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey}, free)
+		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, free)
 		grace := time.NewTimer(cleanupGrace)
 		defer grace.Stop()
 		select {
@@ -170,7 +176,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	if el != nil {
 		a.next = nil // an election's grant hands nothing over
 	}
-	g, err := m.grant(token, a.next, free, el != nil)
+	g, err := m.grant(token, a, free, el != nil)
 	if err == nil {
 		g.base.Observed(m.name, start)
 	}
@@ -178,10 +184,11 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the
-// session's. next is whom to hand the lock to on Unlock, as far as we know.
+// session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
-func (m *Mutex) grant(token uint64, next []waiter, free func(), plain bool) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: next, index: token, plain: plain}
+func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*Grant, error) {
+	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: a.next, index: token, plain: plain,
+		tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

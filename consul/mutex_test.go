@@ -265,7 +265,7 @@ func TestPartitionedHolder(t *testing.T) {
 		g, err := newMutex(t, other, name).Lock(timeout(t, 4*ttl))
 		res <- result{g, err, time.Now()}
 	}()
-	waitFor(t, 5*time.Second, "other queued", func() bool { return len(keys(t, a.Client(t), name)) == 2 })
+	waitFor(t, 5*time.Second, "other queued", func() bool { return queueLen(t, a.Client(t), name) == 1 })
 
 	t0 := time.Now()
 	p.Blackhole()
@@ -555,7 +555,8 @@ func TestRoundTrips(t *testing.T) {
 
 	// Contended: a holder on another session; our Lock queues, becomes the
 	// head, watches the lock key, and takes it on release.
-	other := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	oc, ocnt := countingClient(t, a)
+	other := newMutex(t, newSession(t, oc, WithLockDelay(0), WithTTL(time.Hour)), name)
 	for i := range 2 {
 		g, err := other.Lock(timeout(t, 5*time.Second))
 		if err != nil {
@@ -571,13 +572,21 @@ func TestRoundTrips(t *testing.T) {
 			done <- g
 		}()
 		time.Sleep(100 * time.Millisecond)
+		o0 := ocnt.n.Load()
 		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
+		// The holder took the free lock: its delete, guarded by the lock
+		// key's index and the tail key's absence, fails (we queued and
+		// announced ourselves); it reads the lock key and the tail key,
+		// then hands the lock over.
+		if n := ocnt.n.Load() - o0; n != 3 {
+			t.Errorf("contended, try %d: the holder's Unlock made %d requests, want 3", i, n)
+		}
 		mine := <-done
-		// Read, queue up, announce (the holder took the lock before we
-		// queued), learn the holder's lock-delay (first time only), block
-		// on the lock key; the holder hands the lock over.
+		// List the names, queue up, announce (the holder took the lock
+		// before we queued), learn the holder's lock-delay (first time
+		// only), block on the lock key; the holder hands the lock over.
 		n := cnt.n.Load() - n0
 		want := int64(4)
 		if i == 0 {
@@ -711,7 +720,7 @@ func TestWaiterSessionLost(t *testing.T) {
 		_, err := wm.Lock(timeout(t, 30*time.Second))
 		res <- err
 	}()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return len(keys(t, admin, name)) == 2 })
+	waitFor(t, 5*time.Second, "waiter queued", func() bool { return queueLen(t, admin, name) == 1 })
 	t0 := time.Now()
 	destroy(t, admin, ws.ID())
 	err = <-res

@@ -33,11 +33,12 @@ const (
 //     ModifyIndex.
 //   - valueNext + "<session> <index>" (or nothing after the "="): the key
 //     was handed over; the new holder will hand it on to that queue entry
-//     (or knows none). It may know more, from its own reads.
-//   - valueWaiter + "<token>": a waiter announced itself after the holder
-//     acquired the key with token (see announce); the write moved the key's
-//     ModifyIndex, so the holder's Unlock reads the queue (see
-//     Grant.release).
+//     (or knows none).
+//   - valueWaiter + "<token> <session> <index>": the head of the queue
+//     announced itself (its queue entry: session and CreateIndex) after the
+//     holder acquired the key with token (see announce); the write moved
+//     the key's ModifyIndex, so the holder's Unlock reads the key and hands
+//     the lock to that entry (see Grant.release).
 //
 // Foreign holders (api.Lock, `consul lock`) write other values: they never
 // hand over, so nobody announces to them.
@@ -50,7 +51,7 @@ const (
 // waiter is a queue entry the lock can be handed to.
 type waiter struct {
 	key, session string
-	index        uint64 // the entry's ModifyIndex
+	index        uint64 // the entry's ModifyIndex (= its CreateIndex)
 }
 
 // nextValue is the lock key's value when it is handed over to a holder whose
@@ -67,11 +68,71 @@ func nextValue(rest []waiter) []byte {
 // value.
 func tokenOf(lock *api.KVPair) uint64 {
 	if v, ok := strings.CutPrefix(string(lock.Value), valueWaiter); ok {
+		v, _, _ = strings.Cut(v, " ")
 		if t, err := strconv.ParseUint(v, 10, 64); err == nil {
 			return t
 		}
 	}
 	return lock.ModifyIndex
+}
+
+// parseEntry parses "<session> <index>" as the queue entry of that session
+// under m, with that CreateIndex.
+func (m *Mutex) parseEntry(s string) (waiter, bool) {
+	session, idx, ok := strings.Cut(s, " ")
+	index, err := strconv.ParseUint(idx, 10, 64)
+	if !ok || err != nil || session == "" || index == 0 || strings.Contains(session, "/") {
+		return waiter{}, false
+	}
+	return waiter{key: m.queuePrefix + session, session: session, index: index}, true
+}
+
+// named returns the waiter that lock's value (valueNext) names, if any.
+func (m *Mutex) named(lock *api.KVPair) (waiter, bool) {
+	rest, ok := strings.CutPrefix(string(lock.Value), valueNext)
+	if !ok {
+		return waiter{}, false
+	}
+	return m.parseEntry(rest)
+}
+
+// announced returns the waiter that announced itself in lock's value
+// (valueWaiter), if any.
+func (m *Mutex) announced(lock *api.KVPair) (waiter, bool) {
+	rest, ok := strings.CutPrefix(string(lock.Value), valueWaiter)
+	if !ok {
+		return waiter{}, false
+	}
+	_, entry, ok := strings.Cut(rest, " ")
+	if !ok {
+		return waiter{}, false
+	}
+	return m.parseEntry(entry)
+}
+
+// The tail key "<name>/.tail" names the queue entry created last:
+// "<session>" (the entry's CreateIndex is the tail's ModifyIndex: both are
+// written by the same transaction, see enqueue) or "<session> <index>"
+// (written by a repair, see Session.repairTail). Queuing up is a cas on it,
+// so entries are created one at a time and each new waiter learns its
+// predecessor (the entry just ahead of it by CreateIndex) without reading
+// the queue. It is absent only while nobody queues: it is deleted, guarded
+// by its index, together with the last entry's departure (a handoff to
+// it, the release of a holder it names, a repair that finds no live entry).
+// An entry it names may be gone (handed the lock, left, dead): a waiter
+// behind such an entry finds its place by reading the queue once.
+const tailSuffix = "/.tail"
+
+// tailEntry returns the entry that the tail key names (ok false if absent
+// or unreadable).
+func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
+	if tail == nil || tail.ModifyIndex == 0 {
+		return waiter{}, false
+	}
+	if w, ok := m.parseEntry(string(tail.Value)); ok {
+		return w, true
+	}
+	return m.parseEntry(fmt.Sprintf("%s %d", tail.Value, tail.ModifyIndex))
 }
 
 // acquisition is one Lock or TryLock call in progress.
@@ -89,9 +150,19 @@ type acquisition struct {
 	// our session through a write after it was handed to us. queueIndex is
 	// the CreateIndex of our latest queue key.
 	since, queueIndex uint64
+	// pred is the queue entry just ahead of ours, as far as we know: the
+	// one we wait for. It is nil at the head of the queue (or before we
+	// queue); lost says that we do not know it (read the queue).
+	pred *waiter
+	lost bool
 	// next is whom the grant hands the lock to on Unlock, as far as we know
-	// when we get it: up to two waiters, in queue order.
-	next []waiter
+	// when we get it: up to two waiters, in queue order. When we took the
+	// lock with a read of the queue, tail is the tail key as it then was
+	// (nil if absent), and alone says that no live waiter but us queued.
+	next      []waiter
+	tail      *api.KVPair
+	tailKnown bool
+	alone     bool
 
 	// Lock-delay bookkeeping of the head of the queue: the session last seen
 	// holding the lock key, its lock-delay (if known), and when the delay
@@ -112,15 +183,25 @@ const (
 )
 
 // run is the waiting algorithm of a Mutex; it returns the fencing token.
+// Its cost per acquisition does not depend on how many wait: no waiter
+// reads the queue on its way to the lock unless an entry ahead of it left.
 //
-//  1. Read the subtree "<name>/" (one read-only transaction): the lock key,
-//     the queue "<name>/.queue/", and any key of a longer name (then fail
-//     with ErrConflict). If the lock is free and nobody queues, take it
-//     (step 5).
-//  2. Otherwise (TryLock: fail with ErrLocked) queue up: create our queue
-//     key with our session, and read the subtree, in one transaction.
-//  3. While a live entry is ahead of ours, wait for the one just ahead to
-//     change (a blocking query), then read the subtree again.
+//  1. List the names under "<name>/" (keys with separator "/": the lock
+//     key, the tail key, "<name>/.queue/", and any key of a longer name,
+//     then fail with ErrConflict). If there is neither a lock key nor a
+//     tail key, take the lock (step 6). (TryLock reads the whole subtree
+//     instead, and takes the lock only if it is free and no live entry
+//     queues, else fails with ErrLocked.)
+//  2. Queue up, in one transaction: read the tail key and set it to our
+//     session, create our queue key with our session, and read the lock
+//     key. The entry the tail named is our predecessor: the one created
+//     just before ours (see tailSuffix).
+//  3. Wait for our predecessor's queue key to change (a blocking query),
+//     then read the lock key. If our predecessor's session holds it, we are
+//     the head of the queue (the handoff to it deleted its queue key).
+//     Otherwise (it left or died, or took the lock and let it go) read the
+//     subtree once: the live entry just ahead of ours by CreateIndex is our
+//     predecessor, or none; dead entries are deleted (at most 64 per read).
 //  4. At the head of the queue, while another session holds the lock: if
 //     its holder may not know of us (see the lock values above), announce
 //     us with a write to the lock key that keeps its holder (see announce);
@@ -138,92 +219,123 @@ const (
 // session. What a failed run leaves is removed by the caller (see left).
 func (a *acquisition) run(try bool) (uint64, error) {
 	m := a.m
-	v, err := a.read()
-	if err != nil {
-		return 0, err
-	}
-	if err := m.compatible(v); err != nil {
-		return 0, err
-	}
-	if !try { // TryLock writes nothing unless it takes the lock
-		a.dropDead(v.dead)
-	}
-	if free(v.lock) && len(v.queue) == 0 {
-		token, out, err := a.take(v.lock)
-		switch {
-		case err != nil:
-			return 0, err
-		case out == taken:
-			return token, nil
-		case try && out == delayed:
-			return 0, fmt.Errorf("%w: %s is in its lock-delay after its holder's session ended", holdfast.ErrLocked, m.name)
-		}
-		// Another contender was faster, or a lock-delay is in effect: queue.
-	}
+	var lock *api.KVPair
 	if try {
-		return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
-	}
-	if v, err = a.enqueue(); err != nil {
-		return 0, err
-	}
-	return a.wait(v)
-}
-
-// wait runs steps 3 to 6 from the view v.
-func (a *acquisition) wait(v view) (uint64, error) {
-	m := a.m
-	for {
-		if err := a.wctx.Err(); err != nil {
+		v, err := a.read()
+		if err != nil {
 			return 0, err
 		}
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
-		if a.handedToUs(v.lock) {
+		if !free(v.lock) || len(v.queue) > 0 {
+			return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
+		}
+		lock = v.lock
+	} else {
+		names, err := a.list()
+		if err != nil {
+			return 0, err
+		}
+		if len(names) > 0 { // the lock key, the tail key, queue entries
+			return a.queue()
+		}
+	}
+	token, out, err := a.take(lock)
+	switch {
+	case err != nil:
+		return 0, err
+	case out == taken:
+		return token, nil
+	case try && out == delayed:
+		return 0, fmt.Errorf("%w: %s is in its lock-delay after its holder's session ended", holdfast.ErrLocked, m.name)
+	case try:
+		return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
+	}
+	// Another contender was faster, or a lock-delay is in effect: queue.
+	return a.queue()
+}
+
+// queue runs steps 2 to 6.
+func (a *acquisition) queue() (uint64, error) {
+	lock, err := a.enqueue()
+	if err != nil {
+		return 0, err
+	}
+	return a.wait(lock)
+}
+
+// wait runs steps 3 to 6 from lock, the lock key as last read.
+func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
+	m := a.m
+	var queue []*api.KVPair // the queue's live entries, if we read it
+	for {
+		if err := a.wctx.Err(); err != nil {
+			return 0, err
+		}
+		if err := m.compatibleLock(lock); err != nil {
+			return 0, err
+		}
+		if a.handedToUs(lock) {
 			if a.el != nil {
 				return a.retake() // from a Mutex on the same name
 			}
-			return a.acceptHandoff(v)
+			return a.acceptHandoff(lock, queue)
 		}
-		a.dropDead(v.dead)
-		v.dead = nil
-		if v.me == nil {
-			// Our queue key vanished or lost its session. Queue up again;
-			// if our session is gone, Consul says so.
-			var err error
-			if v, err = a.enqueue(); err != nil {
+		if a.pred != nil && !a.lost {
+			if _, err := a.watch(a.pred.key, a.pred.index); err != nil {
 				return 0, err
 			}
+			var err error
+			if lock, err = a.get(m.lockKey); err != nil {
+				return 0, err
+			}
+			if lock != nil && lock.Session == a.pred.session && !a.handedToUs(lock) {
+				a.pred = nil // the handoff to it deleted its queue key
+				continue
+			}
+			a.lost = true
 			continue
 		}
-		if p := v.predecessor(); p != nil {
-			if _, err := a.watch(p.Key, p.ModifyIndex); err != nil {
+		if a.lost {
+			v, err := a.read()
+			if err != nil {
 				return 0, err
 			}
-			var err error
-			if v, err = a.read(); err != nil {
+			if err := m.compatible(v); err != nil {
 				return 0, err
+			}
+			a.dropDead(v.dead)
+			lock, queue, a.lost, a.pred = v.lock, v.queue, false, nil
+			switch {
+			case a.handedToUs(lock):
+			case v.me == nil:
+				// Our queue key vanished or lost its session. Queue up
+				// again; if our session is gone, Consul says so.
+				if lock, err = a.enqueue(); err != nil {
+					return 0, err
+				}
+			default:
+				if p := v.predecessor(); p != nil {
+					a.pred = &waiter{key: p.Key, session: p.Session, index: p.ModifyIndex}
+				}
 			}
 			continue
 		}
 		// Head of the queue: nobody can queue ahead of us any more.
-		if !free(v.lock) {
-			if a.mustAnnounce(v) {
-				lock, err := a.announce(v.lock)
-				if err != nil {
-					return 0, err
-				}
-				v.lock = lock
-				continue
+		if !free(lock) {
+			var err error
+			if a.mustAnnounce(lock) {
+				lock, err = a.announce(lock)
+			} else {
+				lock, err = a.waitRelease(lock)
 			}
-			lock, err := a.waitRelease(v.lock)
 			if err != nil {
 				return 0, err
 			}
-			v.lock = lock
 			continue
 		}
-		token, out, err := a.take(v.lock)
+		token, out, err := a.take(lock)
 		switch {
 		case err != nil:
 			return 0, err
@@ -234,11 +346,9 @@ func (a *acquisition) wait(v view) (uint64, error) {
 				return 0, a.wctx.Err()
 			}
 		default: // busy: a foreign client took it, or it changed
-			lock, err := a.get(m.lockKey)
-			if err != nil {
+			if lock, err = a.get(m.lockKey); err != nil {
 				return 0, err
 			}
-			v.lock = lock
 		}
 	}
 }
@@ -252,13 +362,13 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 	return a.since != 0 && lock != nil && lock.Session == a.m.s.id && tokenOf(lock) > a.since
 }
 
-// acceptHandoff takes the lock handed to us in view v. The handoff deleted
-// the queue key we had then; a queue key created after it (a re-queue that
-// crossed the handoff) is deleted here. Whom we hand the lock to on Unlock:
-// the waiter named in the lock's value, and those behind us in our last
-// read of the queue.
-func (a *acquisition) acceptHandoff(v view) (uint64, error) {
-	token := tokenOf(v.lock)
+// acceptHandoff takes the lock handed to us. The handoff deleted the queue
+// key we had then; a queue key created after it (a re-queue that crossed
+// the handoff) is deleted here. Whom we hand the lock to on Unlock: the
+// waiter named in the lock's value, and those behind us in queue (our last
+// read of the queue, if any).
+func (a *acquisition) acceptHandoff(lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
+	token := tokenOf(lock)
 	if a.queueIndex > token {
 		ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
 		defer cancel()
@@ -266,8 +376,8 @@ func (a *acquisition) acceptHandoff(v view) (uint64, error) {
 			return 0, err // the cleanup releases the lock and deletes the key
 		}
 	}
-	known := slices.Clone(v.queue)
-	if w, ok := a.m.named(v.lock); ok {
+	known := slices.Clone(queue)
+	if w, ok := a.m.named(lock); ok {
 		known = append(known, &api.KVPair{Key: w.key, Session: w.session, ModifyIndex: w.index, CreateIndex: w.index})
 	}
 	slices.SortFunc(known, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
@@ -278,30 +388,33 @@ func (a *acquisition) acceptHandoff(v view) (uint64, error) {
 // mustAnnounce reports whether the holder of lock (not us), a holdfast
 // holder, may not know of our queue entry, and so would not hand us the
 // lock on Unlock (see the lock values above).
-func (a *acquisition) mustAnnounce(v view) bool {
-	val := string(v.lock.Value)
+func (a *acquisition) mustAnnounce(lock *api.KVPair) bool {
+	val := string(lock.Value)
+	me := func(w waiter, ok bool) bool { return ok && w.session == a.m.s.id && w.index == a.queueIndex }
 	switch {
 	case a.el != nil: // an election's value is the leader's: never written by others
 		return false
 	case val == valueTaken:
-		return v.me.CreateIndex > v.lock.ModifyIndex
+		return a.queueIndex > lock.ModifyIndex
 	case strings.HasPrefix(val, valueNext):
-		w, ok := a.m.named(v.lock)
-		return !ok || w.session != a.m.s.id
-	default: // announced already, or a foreign holder
+		return !me(a.m.named(lock))
+	case strings.HasPrefix(val, valueWaiter):
+		// Another announcement: a waiter ahead of us that has left since.
+		return !me(a.m.announced(lock))
+	default: // a foreign holder
 		return false
 	}
 }
 
 // announce tells the holder of lock that we wait: a cas on the lock key at
-// the index we saw, with the same flags and our announcement as its value.
-// A write that is not an acquire keeps the key's session, so the holder
-// still holds it; but its Unlock, whose fast path is guarded by the key's
-// ModifyIndex being its token, now fails over to reading the queue and
-// handing the lock to its head. It returns the lock key as it then is.
+// the index we saw, with the same flags and as its value the holder's token
+// and our queue entry. A write that is not an acquire keeps the key's
+// session, so the holder still holds it; but its Unlock, whose fast path is
+// guarded by the key's ModifyIndex being its token, now reads the key and
+// hands the lock to us. It returns the lock key as it then is.
 func (a *acquisition) announce(lock *api.KVPair) (*api.KVPair, error) {
 	m := a.m
-	value := fmt.Appendf(nil, "%s%d", valueWaiter, lock.ModifyIndex)
+	value := fmt.Appendf(nil, "%s%d %s %d", valueWaiter, tokenOf(lock), m.s.id, a.queueIndex)
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.lockKey, Index: lock.ModifyIndex, Flags: lock.Flags, Value: value}}}
 	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
 	defer cancel()
@@ -409,18 +522,22 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 		return 0, 0, err // the cleanup releases the key
 	}
 	a.next = m.successors(v.queue)
+	a.tail, a.tailKnown, a.alone = v.tail, true, len(a.next) == 0
 	return v.lock.ModifyIndex, taken, nil
 }
 
-// enqueue creates our queue key (step 2) and returns the view of the lock
-// read in the same transaction. A leftover queue key of ours is replaced, so
-// that our place is always at the back.
-func (a *acquisition) enqueue() (view, error) {
+// enqueue creates our queue key (step 2) and returns the lock key read in
+// the same transaction, which also reads the tail key and sets it to us:
+// the entry it named is our predecessor. A leftover queue key of ours is
+// replaced, so that our place is always at the back.
+func (a *acquisition) enqueue() (*api.KVPair, error) {
 	m := a.m
 	ops := api.TxnOps{
+		kvOp(api.KVGetOrEmpty, m.tailKey),
+		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
 		kvOp(api.KVDelete, m.queueKey),
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
-		kvOp(api.KVGetTree, m.prefix),
+		kvOp(api.KVGetOrEmpty, m.lockKey),
 	}
 	a.left = true
 	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
@@ -430,24 +547,64 @@ func (a *acquisition) enqueue() (view, error) {
 	switch {
 	case err == nil:
 	case errors.As(err, &rb) && rb.denied():
-		return view{}, txnError("queue up on "+m.name, rb)
+		return nil, txnError("queue up on "+m.name, rb)
 	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
 		// Our own queue key can only be in a lock-delay if our session was
 		// invalidated.
-		return view{}, m.s.ended()
+		return nil, m.s.ended()
 	case rb != nil:
-		return view{}, txnError("queue up on "+m.name, rb)
+		return nil, txnError("queue up on "+m.name, rb)
 	default:
-		return view{}, err
+		return nil, err
 	}
-	v := m.parse(resp.Results)
-	if v.me != nil {
-		a.queueIndex = v.me.CreateIndex
-		if a.since == 0 {
-			a.since = v.me.CreateIndex
+	var tail, me, lock *api.KVPair
+	for _, r := range resp.Results {
+		switch e := r.KV; {
+		case e == nil:
+		case e.Key == m.tailKey && tail == nil:
+			tail = e // the first answer about it: its value before ours
+		case e.Key == m.queueKey && e.Session == m.s.id:
+			me = e
+		case e.Key == m.lockKey && e.ModifyIndex != 0:
+			lock = e
 		}
 	}
-	return v, nil
+	if me == nil {
+		return nil, errors.New("holdfast/consul: queue up: Consul's answer has no queue entry of ours")
+	}
+	a.queueIndex = me.CreateIndex
+	if a.since == 0 {
+		a.since = me.CreateIndex
+	}
+	a.pred, a.lost = nil, false
+	if p, ok := m.tailEntry(tail); ok {
+		a.pred = &p
+		// Our own earlier entry (it was replaced): we do not know who
+		// queued before it.
+		a.lost = p.session == m.s.id
+	} else if tail != nil && tail.ModifyIndex != 0 {
+		a.lost = true // a tail we cannot read
+	}
+	return lock, nil
+}
+
+// list returns the names right under "<name>/" (the keys with separator
+// "/": "<name>/.queue/" stands for the whole queue), and fails with
+// ErrConflict if one is not the lock's own.
+func (a *acquisition) list() ([]string, error) {
+	m := a.m
+	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	defer cancel()
+	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, apiError("list "+m.prefix, err)
+	}
+	for _, k := range names {
+		if k != m.lockKey && k != m.tailKey && k != m.queuePrefix {
+			return nil, fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, k, m.name, m.name)
+		}
+	}
+	return names, nil
 }
 
 // read returns the subtree of the lock, in one read-only transaction.
@@ -552,6 +709,7 @@ type view struct {
 	queue []*api.KVPair // live queue entries, by CreateIndex
 	dead  []*api.KVPair // queue entries whose session is gone
 	me    *api.KVPair   // our live queue entry, if any
+	tail  *api.KVPair   // the tail key, if present
 	other string        // a key of a longer name, if any
 }
 
@@ -567,6 +725,10 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 		}
 		if e.Key == m.lockKey { // the last answer about it is the latest
 			v.lock = e
+			continue
+		}
+		if e.Key == m.tailKey {
+			v.tail = e
 			continue
 		}
 		if seen[e.Key] {
@@ -604,20 +766,6 @@ func (m *Mutex) successors(queue []*api.KVPair) []waiter {
 	return ws
 }
 
-// named returns the waiter that lock's value (valueNext) names, if any.
-func (m *Mutex) named(lock *api.KVPair) (waiter, bool) {
-	rest, ok := strings.CutPrefix(string(lock.Value), valueNext)
-	if !ok {
-		return waiter{}, false
-	}
-	session, idx, ok := strings.Cut(rest, " ")
-	index, err := strconv.ParseUint(idx, 10, 64)
-	if !ok || err != nil || session == "" {
-		return waiter{}, false
-	}
-	return waiter{key: m.queuePrefix + session, session: session, index: index}, true
-}
-
 // predecessor returns the live entry just ahead of ours, or nil at the head.
 func (v view) predecessor() *api.KVPair {
 	var p *api.KVPair
@@ -637,11 +785,20 @@ func free(lock *api.KVPair) bool { return lock == nil || lock.Session == "" }
 // exists with flags other than a lock's (a semaphore's, say), or if keys of
 // a longer name lie under "<name>/".
 func (m *Mutex) compatible(v view) error {
-	if v.lock != nil && v.lock.Flags != api.LockFlagValue {
-		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, v.lock.Flags, uint64(api.LockFlagValue))
+	if err := m.compatibleLock(v.lock); err != nil {
+		return err
 	}
 	if v.other != "" {
 		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
+	}
+	return nil
+}
+
+// compatibleLock returns an error wrapping holdfast.ErrConflict if the lock
+// key exists with flags other than a lock's (a semaphore's, say).
+func (m *Mutex) compatibleLock(lock *api.KVPair) error {
+	if lock != nil && lock.Flags != api.LockFlagValue {
+		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
 	}
 	return nil
 }

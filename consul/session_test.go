@@ -38,7 +38,7 @@ func TestClose(t *testing.T) {
 		_, err := wm.Lock(timeout(t, 30*time.Second))
 		res <- err
 	}()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return len(keys(t, admin, waited)) == 2 })
+	waitFor(t, 5*time.Second, "waiter queued", func() bool { return queueLen(t, admin, waited) == 1 })
 
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

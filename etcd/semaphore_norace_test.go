@@ -22,3 +22,14 @@ func TestSemaphoreRPCsFlat256(t *testing.T) {
 	}
 	flat(t, figures)
 }
+
+// Unary RPCs per acquisition of a Mutex stay flat (within 10%) from 2 to
+// 512 contenders.
+func TestLockRPCsFlat512(t *testing.T) {
+	c := embedtest.Etcd(t)
+	figures := map[int]float64{}
+	for _, n := range []int{2, 16, 128, 512} {
+		figures[n] = lockRPCsPerAcquisition(t, c, n, max(2, 256/n))
+	}
+	flat(t, figures)
+}

@@ -48,6 +48,9 @@ bench-docs: consul
 		done; \
 		mv docs/bench/$$b.jsonl.tmp docs/bench/$$b.jsonl; \
 	done
+	@echo "bench-docs: etcd, 3 members, lock" >&2
+	$(GO) run ./cmd/holdfast bench --backend etcd --nodes 3 --scenario lock --duration $(BENCH_DURATION) $(BENCH_FLAGS) --json > docs/bench/etcd-3-members.jsonl.tmp
+	mv docs/bench/etcd-3-members.jsonl.tmp docs/bench/etcd-3-members.jsonl
 	$(MAKE) bench-plots
 
 # Regenerate the plots (docs/bench/*.png) and the tables of docs/BENCHMARKS.md

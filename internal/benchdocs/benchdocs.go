@@ -79,18 +79,28 @@ func Load(r io.Reader, name string) (Data, error) {
 			return d, fmt.Errorf("%w: %s:%d: %v", ErrBadInput, name, line, err)
 		}
 		if q, ok := row["ratio"].(map[string]any); ok && len(row) == 1 {
-			d.Ratios = append(d.Ratios, Row(q))
+			d.Ratios = append(d.Ratios, withMembers(Row(q)))
 			continue
 		}
 		if row.Str("scenario") == "" || row.Str("backend") == "" || row.Str("impl") == "" {
 			return d, fmt.Errorf("%w: %s:%d: a row needs scenario, backend and impl", ErrBadInput, name, line)
 		}
-		d.Rows = append(d.Rows, row)
+		d.Rows = append(d.Rows, withMembers(row))
 	}
 	if err := sc.Err(); err != nil {
 		return d, fmt.Errorf("%w: %s: %v", ErrBadInput, name, err)
 	}
 	return d, nil
+}
+
+// withMembers names a cluster of several members in the row's backend
+// ("etcd-3-members"), so that its rows get plots and tables of their own
+// instead of mixing with those of a one-member server.
+func withMembers(r Row) Row {
+	if n, ok := r.Num("nodes"); ok && n > 1 {
+		r["backend"] = fmt.Sprintf("%s-%d-members", r.Str("backend"), int(n))
+	}
+	return r
 }
 
 // LoadFiles loads and concatenates files.

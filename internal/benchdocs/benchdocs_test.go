@@ -137,3 +137,19 @@ func TestSplice(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadMembers: rows of a cluster of several members (--nodes 3) are
+// kept apart from those of a one-member server, in their own backend.
+func TestLoadMembers(t *testing.T) {
+	in := `{"scenario":"lock","backend":"etcd","impl":"holdfast","contenders":8,"nodes":3}
+{"scenario":"lock","backend":"etcd","impl":"holdfast","contenders":8,"nodes":1}
+{"ratio":{"scenario":"lock","backend":"etcd","contenders":8,"nodes":3}}
+`
+	d, err := Load(strings.NewReader(in), "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{d.Rows[0].Str("backend"), d.Rows[1].Str("backend"), d.Ratios[0].Str("backend")}; got[0] != "etcd-3-members" || got[1] != "etcd" || got[2] != "etcd-3-members" {
+		t.Errorf("backends %v, want [etcd-3-members etcd etcd-3-members]", got)
+	}
+}

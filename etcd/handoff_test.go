@@ -78,9 +78,8 @@ func serializable(txn *pb.TxnRequest) bool {
 // lockRPCsPerAcquisition runs n contenders of one Mutex (one session each,
 // all on one client whose traffic is counted) through rounds acquisitions
 // each, holding 1 ms, and returns the unary requests per acquisition
-// (join, release, and anything else Lock and Unlock send). It logs the
-// bytes received per acquisition too: every waiter is sent every deletion
-// under the name, so that figure grows with n (no assertion on it).
+// (join, re-read, release, and anything else Lock and Unlock send). It
+// logs the bytes received per acquisition too (no assertion on it).
 func lockRPCsPerAcquisition(t *testing.T, c *embedtest.Cluster, n, rounds int) float64 {
 	t.Helper()
 	var tr traffic
@@ -97,40 +96,11 @@ func lockRPCsPerAcquisition(t *testing.T, c *embedtest.Cluster, n, rounds int) f
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var inside, most atomic.Int64
 	start, in0 := tr.requests.Load(), tr.in.Load()
 	began := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for _, m := range ms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range rounds {
-				g, err := m.Lock(ctx)
-				if err != nil {
-					errs <- err
-					return
-				}
-				k := inside.Add(1)
-				for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
-				}
-				time.Sleep(time.Millisecond)
-				inside.Add(-1)
-				if err := g.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if most.Load() > 1 {
-		t.Fatalf("%d holders at once", most.Load())
+	most := contend(t, ctx, ms, rounds)
+	if most > 1 {
+		t.Fatalf("%d holders at once", most)
 	}
 	acqs := float64(n * rounds)
 	per := float64(tr.requests.Load()-start) / acqs
@@ -314,4 +284,46 @@ func TestUncontendedNoWatch(t *testing.T) {
 	if d := tr.watchOut.Load() - msgs - 2*(created2-created); d != 0 {
 		t.Errorf("%d uncontended Lock+Unlock sent %d watch messages besides the session's grant watches, want 0", rounds, d)
 	}
+}
+
+// grantLocker is what contend drives: an etcd Mutex or Semaphore.
+type grantLocker interface {
+	Lock(ctx context.Context) (*etcd.Grant, error)
+}
+
+// contend has every locker take its lock and release it rounds times,
+// holding 1 ms each time, and returns the most holders seen at once.
+func contend[L grantLocker](t *testing.T, ctx context.Context, lockers []L, rounds int) int64 {
+	t.Helper()
+	var inside, most atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, len(lockers))
+	for _, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				g, err := l.Lock(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				k := inside.Add(1)
+				for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				inside.Add(-1)
+				if err := g.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return most.Load()
 }

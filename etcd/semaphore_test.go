@@ -543,44 +543,15 @@ func rpcsPerAcquisition(t *testing.T, c *embedtest.Cluster, n, rounds int) float
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var inside, most atomic.Int64
 	start := requests.Load()
 	began := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for _, sem := range sems {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range rounds {
-				g, err := sem.Lock(ctx)
-				if err != nil {
-					errs <- err
-					return
-				}
-				k := inside.Add(1)
-				for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
-				}
-				time.Sleep(time.Millisecond)
-				inside.Add(-1)
-				if err := g.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if most.Load() > 4 {
-		t.Fatalf("%d holders at once, limit 4", most.Load())
+	most := contend(t, ctx, sems, rounds)
+	if most > 4 {
+		t.Fatalf("%d holders at once, limit 4", most)
 	}
 	per := float64(requests.Load()-start) / float64(n*rounds)
 	t.Logf("%3d contenders, limit 4: %d acquisitions in %v, %.3f unary RPCs per acquisition, most holders at once %d",
-		n, n*rounds, time.Since(began).Round(time.Millisecond), per, most.Load())
+		n, n*rounds, time.Since(began).Round(time.Millisecond), per, most)
 	return per
 }
 

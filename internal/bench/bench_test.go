@@ -292,3 +292,21 @@ func TestEtcdNodes3(t *testing.T) {
 		}
 	}
 }
+
+// startTarget starts an embedded etcd (backend "etcd") or a Consul dev
+// agent (anything else) and closes it when the test ends.
+func startTarget(t *testing.T, backend string) Target {
+	t.Helper()
+	var target Target
+	var err error
+	if backend == "etcd" {
+		target, err = StartEtcd()
+	} else {
+		target, err = StartConsul()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	return target
+}

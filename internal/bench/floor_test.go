@@ -32,17 +32,7 @@ func TestFloorRelay(t *testing.T) {
 	for _, backend := range []string{"etcd", "consul"} {
 		t.Run(backend, func(t *testing.T) {
 			leakcheck.Check(t)
-			var target Target
-			var err error
-			if backend == "etcd" {
-				target, err = StartEtcd()
-			} else {
-				target, err = StartConsul()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer target.Close()
+			target := startTarget(t, backend)
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			fl := floorImpl(target)
@@ -53,6 +43,7 @@ func TestFloorRelay(t *testing.T) {
 			cs := make([]Contender, 2)
 			defer closeAll(cs)
 			for i := range cs {
+				var err error
 				if cs[i], err = fl.NewContender(ctx, ContenderConfig{Lock: "floor-test/relay", Counter: new(Counter), Index: i, Count: 2, Tokens: 2}); err != nil {
 					t.Fatal(err)
 				}
@@ -81,7 +72,7 @@ func TestFloorRelay(t *testing.T) {
 			a, b := lock(0), lock(0)
 			// 1 has no turn left: its Lock waits until its context ends.
 			short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err = cs[1].Lock(short)
+			_, err := cs[1].Lock(short)
 			stop()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("contender 1 without a turn: %v, want the context's deadline", err)

@@ -30,17 +30,7 @@ func TestQuick(t *testing.T) {
 	for _, backend := range []string{"etcd", "consul"} {
 		t.Run(backend, func(t *testing.T) {
 			leakcheck.Check(t)
-			var target Target
-			var err error
-			if backend == "etcd" {
-				target, err = StartEtcd()
-			} else {
-				target, err = StartConsul()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer target.Close()
+			target := startTarget(t, backend)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
 			var log strings.Builder

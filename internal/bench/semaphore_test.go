@@ -18,17 +18,7 @@ func TestSemaphoreShort(t *testing.T) {
 	for _, backend := range []string{"etcd", "consul"} {
 		t.Run(backend, func(t *testing.T) {
 			leakcheck.Check(t)
-			var target Target
-			var err error
-			if backend == "etcd" {
-				target, err = StartEtcd()
-			} else {
-				target, err = StartConsul()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer target.Close()
+			target := startTarget(t, backend)
 			hold := time.Millisecond
 			var log strings.Builder
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -63,6 +63,13 @@ func nextValue(rest []waiter) []byte {
 	return fmt.Appendf(nil, "%s%s %d", valueNext, rest[0].session, rest[0].index)
 }
 
+// HolderToken returns the fencing token of the grant that holds lock, a
+// Mutex's or an Election's lock key (LockKey) as read from Consul: the
+// ModifyIndex of the write that acquired it, which a waiter's announcement
+// (a later write to the key that keeps its holder) carries in the value.
+// For a key held by api.Lock or `consul lock`, it is the key's ModifyIndex.
+func HolderToken(lock *api.KVPair) uint64 { return tokenOf(lock) }
+
 // tokenOf returns the token of the grant behind lock: the ModifyIndex of the
 // write that acquired it, which an announcement (valueWaiter) keeps in the
 // value.

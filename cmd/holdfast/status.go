@@ -389,23 +389,12 @@ func (r consulReader) list(ctx context.Context, name string, index uint64) (*sta
 		st.Entries = append(st.Entries, e)
 	}
 	if lock != nil && lock.Session != "" {
-		add("holder", lock, tokenOf(lock))
+		add("holder", lock, hfconsul.HolderToken(lock))
 	}
 	for _, p := range queue {
 		add("waiter", p, 0)
 	}
 	return st, nil
-}
-
-// tokenOf is the holder's fencing token: the ModifyIndex of the write that
-// acquired the lock key, which a waiter's announcement keeps in the value.
-func tokenOf(lock *api.KVPair) uint64 {
-	if v, ok := strings.CutPrefix(string(lock.Value), "holdfast waiter token="); ok {
-		if t, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return t
-		}
-	}
-	return lock.ModifyIndex
 }
 
 // semaphore fills st from a semaphore's keys (api.Semaphore's layout): the

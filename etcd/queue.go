@@ -92,7 +92,13 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
-	resp, err := q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
+	var resp *clientv3.TxnResponse
+	// A join that timed out may have applied: the next attempt then finds
+	// our key and reuses it (the Else branch), so retrying is safe.
+	err = retry(ctx, func() (err error) {
+		resp, err = q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -232,17 +238,32 @@ func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clien
 		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
 	}
 	txn = txn.Then(ops...)
+	var resp *clientv3.TxnResponse
+	err := retry(ctx, func() (err error) {
+		resp, err = txn.Commit()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
+	}
+	return resp, nil
+}
+
+// retry calls attempt until it succeeds, fails with a final error (see
+// core.Final) or the session's lease is gone (holdfast.ErrSessionLost), or
+// ctx ends, pausing 20 ms, then twice as long each time, up
+// to 1 s: transport errors and the server's timeouts (a leader election, a
+// slow disk) are ridden out while the caller waits. It returns the last
+// error, mapped by storeErr.
+func retry(ctx context.Context, attempt func() error) error {
 	pause := 20 * time.Millisecond
 	for {
-		resp, err := txn.Commit()
-		if err == nil {
-			if !resp.Succeeded {
-				return nil, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
-			}
-			return resp, nil
-		}
-		if err = storeErr(err); ctx.Err() != nil || core.Final(err) {
-			return nil, err
+		err := storeErr(attempt())
+		if err == nil || ctx.Err() != nil || core.Final(err) || errors.Is(err, holdfast.ErrSessionLost) {
+			return err
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -250,7 +271,7 @@ func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clien
 			pause = min(2*pause, time.Second)
 		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return err
 		}
 	}
 }

@@ -77,6 +77,10 @@ the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
 SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
 exits 128+signal.
 
+If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
+process started beside CMD (and on Linux CMD by the kernel), so CMD does not
+outlive the grant; see the README for what remains.
+
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
                   0 with --child-exit-code=false
@@ -294,13 +298,16 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	}
 	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	guard, warning, err := startGuarded(cmd)
+	if err != nil {
 		r.release(g, name)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitError{exitNotFound, fmt.Errorf("%s: %w", name, err)}
 		}
 		return exitError{exitCannotRun, fmt.Errorf("%s: %w", name, err)}
+	}
+	if warning != nil {
+		fmt.Fprintf(r.e.stderr, "holdfast: %s: %v\n", name, warning)
 	}
 	pgid := cmd.Process.Pid
 	done := make(chan error, 1)
@@ -339,8 +346,10 @@ wait:
 	}
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
+		guard.standDown()
 		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
 	}
+	guard.standDown()
 	r.release(g, name)
 	code := 0
 	var ee *exec.ExitError

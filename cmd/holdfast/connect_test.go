@@ -94,4 +94,3 @@ func TestConnectBounded(t *testing.T) {
 		})
 	}
 }
-

@@ -189,6 +189,7 @@ var subtests = []subtest{
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},
+	{"ElectionObserveWinners", testElectionObserveWinners, needsElection},
 	{"ElectionLeader", testElectionLeader, needsElection},
 	{"ElectionResign", testElectionResign, needsElection},
 	{"ElectionFailover", testElectionFailover, needsElection},

@@ -18,14 +18,14 @@ type Observer interface {
 	// since the acquisition began.
 	Acquired(name string, token Token, wait time.Duration)
 	// Ended reports the end of a grant of name after it was held for held:
-	// cause wraps ErrReleased after Unlock (or a Downgrade), else it is
-	// why the grant was lost (wrapping ErrLost, ErrSessionLost or
-	// ErrSessionClosed).
+	// cause wraps ErrReleased after Unlock (or a Downgrade) and after the
+	// session's Close (then it wraps ErrSessionClosed too), else it is why
+	// the grant was lost (wrapping ErrLost or ErrSessionLost).
 	Ended(name string, token Token, held time.Duration, cause error)
 	// RenewalFailed reports a failed renewal of the session (a keepalive
 	// or a session renew); the session retries until its safe deadline.
 	RenewalFailed(err error)
 	// SessionEnded reports the end of the session, once, with its cause
-	// (wrapping ErrSessionClosed after Close, else ErrSessionLost).
+	// (ErrSessionClosed after Close, else an error wrapping ErrSessionLost).
 	SessionEnded(cause error)
 }

@@ -12,24 +12,29 @@
 //
 //	holdfast_acquire_wait_seconds    histogram  time from Lock (TryLock, RLock, Campaign...) to the grant
 //	holdfast_hold_seconds            histogram  time from the grant to its end (Unlock or loss)
-//	holdfast_grants_lost_total       counter    grants that ended without Unlock, by cause
+//	holdfast_grants_lost_total       counter    grants lost (ended without Unlock or Close), by cause
 //	holdfast_renewal_failures_total  counter    failed session renewals (each retried until the safe deadline)
 //	holdfast_sessions_ended_total    counter    sessions that ended, by cause
 //	holdfast_holders                 gauge      grants held now
 //	holdfast_waiters                 gauge      acquisitions waiting now
 //
-// Label cause has a fixed set of values: "lost" (the key was deleted or
-// taken over, or a guarded write found it gone), "session_lost" (the
-// session expired or was revoked, or its renewals stopped before the safe
-// deadline), "session_closed" (Session.Close), and "other". Lock names are
-// user data, so by default no metric has a name label and the number of
-// series is fixed; with Options.PerName, every metric but the session ones
-// gets a "name" label, one series per lock name: use it only with a bounded
-// set of names.
+// Label cause has a fixed set of values, and every series of a known cause
+// exists at 0 from New on (from a name's first event with PerName), so that
+// rate() and alerts work before the first event. Grants are lost with cause
+// "lost" (the key was deleted or taken over, or a guarded write found it
+// gone), "session_lost" (the session expired or was revoked, or its
+// renewals stopped before the safe deadline) or "other"; a grant that
+// Session.Close ends is released, not lost. Sessions end with cause
+// "session_closed" (Session.Close), "session_lost" or "other". Lock names
+// are user data, so by default no metric has a name label and the number
+// of series is fixed; with Options.PerName, every metric but the session
+// ones gets a "name" label, one series per lock name: use it only with a
+// bounded set of names.
 package metrics
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,7 +67,14 @@ type Metrics struct {
 	holders    *prometheus.GaugeVec
 	waiters    *prometheus.GaugeVec
 	collectors []prometheus.Collector
+	named      sync.Map // names whose series exist (PerName)
 }
+
+// Known causes: every series of these exists from the start.
+var (
+	lostCauses    = []string{"lost", "session_lost", "other"}
+	sessionCauses = []string{"session_closed", "session_lost", "other"}
+)
 
 var (
 	_ prometheus.Collector = (*Metrics)(nil)
@@ -95,7 +107,7 @@ func New(o Options) *Metrics {
 		}, name),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "grants_lost_total",
-			Help: "Grants that ended without Unlock, by cause (lost, session_lost, session_closed, other).",
+			Help: "Grants lost (ended without Unlock or Close), by cause (lost, session_lost, other).",
 		}, append([]string{"cause"}, name...)),
 		renewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "renewal_failures_total",
@@ -115,7 +127,24 @@ func New(o Options) *Metrics {
 		}, name),
 	}
 	m.collectors = []prometheus.Collector{m.wait, m.hold, m.lost, m.renewals, m.sessions, m.holders, m.waiters}
+	for _, c := range sessionCauses {
+		m.sessions.WithLabelValues(c)
+	}
+	if !m.perName {
+		m.init(nil)
+	}
 	return m
+}
+
+// init makes the series of labels (a name's, or none) exist at 0.
+func (m *Metrics) init(labels []string) {
+	for _, c := range lostCauses {
+		m.lost.WithLabelValues(append([]string{c}, labels...)...)
+	}
+	m.wait.WithLabelValues(labels...)
+	m.hold.WithLabelValues(labels...)
+	m.holders.WithLabelValues(labels...)
+	m.waiters.WithLabelValues(labels...)
 }
 
 // Describe implements prometheus.Collector.
@@ -132,11 +161,17 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// labels returns the labels of name's series, making them exist at 0 on
+// name's first event.
 func (m *Metrics) labels(name string) []string {
-	if m.perName {
-		return []string{name}
+	if !m.perName {
+		return nil
 	}
-	return nil
+	l := []string{name}
+	if _, seen := m.named.LoadOrStore(name, struct{}{}); !seen {
+		m.init(l)
+	}
+	return l
 }
 
 // Waiting implements holdfast.Observer.
@@ -154,7 +189,7 @@ func (m *Metrics) Acquired(name string, _ holdfast.Token, wait time.Duration) {
 func (m *Metrics) Ended(name string, _ holdfast.Token, held time.Duration, cause error) {
 	m.hold.WithLabelValues(m.labels(name)...).Observe(held.Seconds())
 	m.holders.WithLabelValues(m.labels(name)...).Dec()
-	if !errors.Is(cause, holdfast.ErrReleased) {
+	if !errors.Is(cause, holdfast.ErrReleased) { // a release, or a Close
 		m.lost.WithLabelValues(append([]string{Cause(cause)}, m.labels(name)...)...).Inc()
 	}
 }

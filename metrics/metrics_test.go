@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net/url"
 	"strconv"
@@ -272,3 +273,128 @@ func (s *syncBuffer) String() string {
 }
 
 var _ holdfast.Observer = (*metrics.Metrics)(nil)
+
+// TestSeriesExistAtZero: every counter series of a known cause exists at 0
+// before any event (so that rate() and alerts work from the start); with
+// PerName, from a name's first event.
+func TestSeriesExistAtZero(t *testing.T) {
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	out := gather(t, reg)
+	for _, want := range []string{
+		`holdfast_grants_lost_total{cause="lost"} 0`,
+		`holdfast_grants_lost_total{cause="session_lost"} 0`,
+		`holdfast_grants_lost_total{cause="other"} 0`,
+		`holdfast_sessions_ended_total{cause="session_closed"} 0`,
+		`holdfast_sessions_ended_total{cause="session_lost"} 0`,
+		`holdfast_sessions_ended_total{cause="other"} 0`,
+		`holdfast_renewal_failures_total 0`,
+		`holdfast_holders 0`,
+		`holdfast_waiters 0`,
+		`holdfast_acquire_wait_seconds_count 0`,
+		`holdfast_hold_seconds_count 0`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("a new registry lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `grants_lost_total{cause="session_closed"}`) {
+		t.Errorf("a grant ended by Close is not lost, yet the series exists:\n%s", out)
+	}
+
+	m = metrics.New(metrics.Options{PerName: true})
+	reg = prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	if out := gather(t, reg); strings.Contains(out, "name=") {
+		t.Errorf("a per-name series before any name was seen:\n%s", out)
+	}
+	m.Waiting("jobs/a", 1)
+	m.Waiting("jobs/a", -1)
+	out = gather(t, reg)
+	for _, c := range []string{"lost", "session_lost", "other"} {
+		if want := `holdfast_grants_lost_total{cause="` + c + `",name="jobs/a"} 0`; !strings.Contains(out, want+"\n") {
+			t.Errorf("after jobs/a's first event, the registry lacks %s:\n%s", want, out)
+		}
+	}
+}
+
+// TestCloseIsNotALoss: a session closed while it holds a grant counts and
+// logs no loss on either store: the grant is released by Close, the session
+// ends with cause "holdfast: session closed"; the grant's context still
+// says ErrLost and ErrSessionClosed to the holder's code.
+func TestCloseIsNotALoss(t *testing.T) {
+	for _, store := range []string{"etcd", "consul"} {
+		t.Run(store, func(t *testing.T) {
+			m := metrics.New(metrics.Options{})
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(m)
+			var buf syncBuffer
+			l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var (
+				g     holdfast.Grant
+				close func() error
+			)
+			switch store {
+			case "etcd":
+				c := embedtest.Etcd(t)
+				s, err := etcd.Dial(ctx, c.Endpoints(), etcd.WithLogger(l), etcd.WithObserver(m))
+				if err != nil {
+					t.Fatal(err)
+				}
+				mu, _ := etcd.NewMutex(s, "closed")
+				if g, err = mu.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				close = s.Close
+			case "consul":
+				a := embedtest.Consul(t)
+				s, err := consul.NewSession(ctx, a.Client(t), consul.WithLogger(l), consul.WithObserver(m))
+				if err != nil {
+					t.Fatal(err)
+				}
+				mu, _ := consul.NewMutex(s, "closed")
+				if g, err = mu.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				close = s.Close
+			}
+			if err := close(); err != nil {
+				t.Fatal(err)
+			}
+			if cause := context.Cause(g.Context()); !errors.Is(cause, holdfast.ErrLost) || !errors.Is(cause, holdfast.ErrSessionClosed) {
+				t.Errorf("the grant's context cause after Close: %v, want ErrLost and ErrSessionClosed", cause)
+			}
+			out := gather(t, reg)
+			for _, want := range []string{
+				`holdfast_grants_lost_total{cause="lost"} 0`,
+				`holdfast_grants_lost_total{cause="session_lost"} 0`,
+				`holdfast_grants_lost_total{cause="other"} 0`,
+				`holdfast_sessions_ended_total{cause="session_closed"} 1`,
+				`holdfast_hold_seconds_count 1`,
+				`holdfast_holders 0`,
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("after Close, the registry lacks %s:\n%s", want, out)
+				}
+			}
+			if strings.Contains(out, `grants_lost_total{cause="session_closed"}`) {
+				t.Errorf("a grant ended by Close counted as lost:\n%s", out)
+			}
+			log := buf.String()
+			if strings.Contains(log, "level=WARN") || strings.Contains(log, "grant lost") {
+				t.Errorf("Close logged a loss:\n%s", log)
+			}
+			for _, want := range []string{
+				`level=DEBUG msg="holdfast: released"`,
+				`level=INFO msg="holdfast: session ended"`, `cause="holdfast: session closed"`,
+			} {
+				if !strings.Contains(log, want) {
+					t.Errorf("the log lacks %s:\n%s", want, log)
+				}
+			}
+		})
+	}
+}

@@ -77,13 +77,18 @@ the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
 SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
 exits 128+signal.
 
+If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
+process started beside CMD (and on Linux CMD by the kernel), so CMD does not
+outlive the grant; see the README for what remains.
+
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
                   0 with --child-exit-code=false
   2               bad usage
   122             the lock was lost while CMD ran; CMD was stopped
   124             not acquired: --timeout elapsed, or --try found it held
-  125             holdfast failed (store unreachable, invalid name, refused)
+  125             holdfast failed (store unreachable or silent within
+                  --timeout, or --try's bound; refused)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,
@@ -91,8 +96,8 @@ Exit status:
 
 func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long, exiting 124 (0: wait as long as it takes)")
-	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for")
+	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
+	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
@@ -108,15 +113,16 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--timeout %v is negative", *timeout)
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
-		case *try && *timeout > 0:
-			return usagef("--try and --timeout exclude each other")
 		}
 		if err := holdfast.ValidateName(name); err != nil {
 			return usagef("%v", err)
 		}
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try}
 		if *permits > 1 {
 			r.what = "its permit"
+		}
+		if *try && r.bound == 0 {
+			r.bound = tryBound
 		}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			var l holdfast.Locker
@@ -132,19 +138,14 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if *try {
 				return l.TryLock(ctx)
 			}
-			if *timeout <= 0 {
-				return l.Lock(ctx)
-			}
-			tctx, cancel := context.WithTimeoutCause(ctx, *timeout, errTimeout)
-			defer cancel()
-			g, err := l.Lock(tctx)
-			if err != nil && errors.Is(context.Cause(tctx), errTimeout) && ctx.Err() == nil {
-				return nil, fmt.Errorf("%w after %v", errTimeout, *timeout)
-			}
-			return g, err
+			return l.Lock(ctx)
 		}, name, argv)
 	}
 }
+
+// tryBound bounds an attempt with --try and no --timeout, connecting
+// included: a store that does not answer within it is a failure (125).
+const tryBound = 2 * time.Second
 
 var errTimeout = errors.New("timed out waiting")
 
@@ -169,8 +170,13 @@ type runner struct {
 	grace     time.Duration
 	childCode bool
 	loop      bool // after a loss, acquire again (elect --loop)
-	extraEnv  []string
-	native    bool // set the native lock commands' variables too
+	// bound, if not 0, bounds the first attempt: connecting and acquiring.
+	// When it ends while connecting, or with try while acquiring, the
+	// store did not answer (125); otherwise the wait timed out (124).
+	bound    time.Duration
+	try      bool
+	extraEnv []string
+	native   bool // set the native lock commands' variables too
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -195,24 +201,41 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	}()
 	var got os.Signal
 	var err error
+	actx, cancelAttempt := ctx, context.CancelFunc(func() {})
+	if r.bound > 0 {
+		actx, cancelAttempt = context.WithTimeoutCause(ctx, r.bound, errTimeout)
+	}
+	defer cancelAttempt()
+	timedOut := func() bool { return errors.Is(context.Cause(actx), errTimeout) && ctx.Err() == nil }
 	for err == nil {
 		if s != nil && s.Err() != nil { // lost with the grant: a new one
 			s.Close()
 			s = nil
 		}
 		if s == nil {
-			if got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+			if got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 				s, err = sf.open(wctx)
 				return err
 			}); err != nil {
+				if got == nil && timedOut() {
+					err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+				}
 				break
 			}
 		}
 		var g holdfast.Grant
-		got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err != nil && got == nil && timedOut() {
+			if r.try {
+				err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+			} else {
+				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
+			}
+		}
+		actx = ctx // a later round (elect --loop) is not bounded
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens
 			// a new one (after a pause, should the store refuse at once).
@@ -234,8 +257,9 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		return err
 	}
 	var ue usageError
+	var ee exitError
 	switch {
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.As(err, &ee):
 		return err
 	case got != nil:
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
@@ -294,13 +318,16 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	}
 	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	guard, warning, err := startGuarded(cmd)
+	if err != nil {
 		r.release(g, name)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitError{exitNotFound, fmt.Errorf("%s: %w", name, err)}
 		}
 		return exitError{exitCannotRun, fmt.Errorf("%s: %w", name, err)}
+	}
+	if warning != nil {
+		fmt.Fprintf(r.e.stderr, "holdfast: %s: %v\n", name, warning)
 	}
 	pgid := cmd.Process.Pid
 	done := make(chan error, 1)
@@ -339,8 +366,10 @@ wait:
 	}
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
+		guard.standDown()
 		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
 	}
+	guard.standDown()
 	r.release(g, name)
 	code := 0
 	var ee *exec.ExitError

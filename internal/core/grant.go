@@ -161,6 +161,10 @@ func (g *Grant) Observed(name string, since time.Time) {
 	}
 }
 
+// errClosed is the cause observers get for a grant ended by its session's
+// Close (its context's cause still wraps holdfast.ErrLost).
+var errClosed = fmt.Errorf("%w: %w", holdfast.ErrReleased, holdfast.ErrSessionClosed)
+
 // reportEnd reports the grant's end to the observers, once, if it was
 // observed.
 func (g *Grant) reportEnd() {
@@ -172,6 +176,10 @@ func (g *Grant) reportEnd() {
 		return
 	}
 	cause := context.Cause(g.ctx.Context)
+	if errors.Is(cause, holdfast.ErrSessionClosed) {
+		// Close ended the grant: the owner's act, as Unlock is, not a loss.
+		cause = errClosed
+	}
 	for _, o := range g.keeper.observers {
 		o.Ended(name, g.token, time.Since(granted), cause)
 	}

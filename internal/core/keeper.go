@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -105,6 +106,11 @@ func (k *Keeper) End(cause error) {
 	k.cancel(cause)
 	if report {
 		cause := context.Cause(k.ctx) // the first cause
+		if errors.Is(cause, holdfast.ErrSessionClosed) {
+			// The grants' contexts end with ErrLost and ErrSessionClosed
+			// (their code must stop), but a Close is not a loss.
+			cause = holdfast.ErrSessionClosed
+		}
 		for _, o := range k.observers {
 			o.SessionEnded(cause)
 		}

@@ -10,9 +10,9 @@ import (
 )
 
 // LogObserver returns an observer that logs a session's events to l:
-// grants (Info), releases (Debug), losses with their cause (Warn),
-// renewal failures (Warn), and the end of the session (Info when closed,
-// Warn when lost). attrs (the store, the session ID) go with every record.
+// grants (Info), releases and grants ended by Close (Debug), losses with
+// their cause (Warn), renewal failures (Warn), and the end of the session
+// (Info when closed, Warn when lost). attrs (the store, the session ID) go with every record.
 // Nothing secret is logged: names, keys' tokens, and errors, which holdfast
 // builds without credentials.
 func LogObserver(l *slog.Logger, attrs ...any) holdfast.Observer {
@@ -30,8 +30,11 @@ func (o logObserver) Acquired(name string, token holdfast.Token, wait time.Durat
 
 func (o logObserver) Ended(name string, token holdfast.Token, held time.Duration, cause error) {
 	if errors.Is(cause, holdfast.ErrReleased) {
-		o.l.LogAttrs(context.Background(), slog.LevelDebug, "holdfast: released",
-			slog.String("name", name), slog.Uint64("token", uint64(token)), slog.Duration("held", held))
+		attrs := []slog.Attr{slog.String("name", name), slog.Uint64("token", uint64(token)), slog.Duration("held", held)}
+		if errors.Is(cause, holdfast.ErrSessionClosed) {
+			attrs = append(attrs, slog.Any("cause", cause))
+		}
+		o.l.LogAttrs(context.Background(), slog.LevelDebug, "holdfast: released", attrs...)
 		return
 	}
 	o.l.LogAttrs(context.Background(), slog.LevelWarn, "holdfast: lost",

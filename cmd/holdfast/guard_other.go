@@ -1,0 +1,17 @@
+//go:build !linux
+
+package main
+
+import (
+	"os"
+	"syscall"
+)
+
+// setParentDeathSignal does nothing: only Linux has a parent-death
+// signal. The guard process alone stops CMD's group if holdfast dies; if
+// the guard is killed too, CMD runs on and the fencing token is the
+// defence.
+func setParentDeathSignal(*syscall.SysProcAttr) {}
+
+// selfExecutable is the path this binary was started from.
+func selfExecutable() (string, error) { return os.Executable() }

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// running reports whether pid is a live process (a zombie waiting for its
+// new parent to reap it does not run).
+func running(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}
+
+// TestKill9StopsCommand: when holdfast is killed with SIGKILL while CMD
+// runs under a lock, a permit or leadership, CMD and what it started are
+// gone within a second, long before the session TTL (10 s) could let
+// another holder in. Before the guard, CMD (in its own process group) ran
+// on, re-parented, for as long as it liked.
+func TestKill9StopsCommand(t *testing.T) {
+	const ttl, within = 10 * time.Second, time.Second
+	etcd := embedtest.Etcd(t)
+	consul := embedtest.Consul(t)
+	stores := []struct {
+		name  string
+		flags []string
+	}{
+		{"etcd", []string{"--endpoints", etcd.Endpoints()[0], "--ttl", ttl.String()}},
+		{"consul", []string{"--backend", "consul", "--addr", consul.HTTPAddr, "--ttl", ttl.String(), "--lock-delay", "0"}},
+	}
+	commands := []struct {
+		name string
+		args func(name string) []string
+	}{
+		{"lock", func(name string) []string { return []string{"lock", name} }},
+		{"lock-n", func(name string) []string { return []string{"lock", "-n", "3", name} }},
+		{"elect", func(name string) []string { return []string{"elect", "--value", "v", name} }},
+	}
+	// CMD records its pid and that of a background child in its process
+	// group, then writes until stopped.
+	script := `sleep 600 & echo $! > "$DIR/bg"; echo $$ > "$DIR/cmd"; while :; do echo w >> "$DIR/writes"; sleep 0.02; done`
+	for _, st := range stores {
+		for _, c := range commands {
+			t.Run(st.name+"/"+c.name, func(t *testing.T) {
+				dir := t.TempDir()
+				t.Setenv("DIR", dir)
+				args := append(c.args("kill9/"+c.name), st.flags...)
+				p := start(t, append(args, "--", "sh", "-c", script)...)
+				pids := map[string]int{}
+				eventually(t, 30*time.Second, "the command did not start", func() bool {
+					for _, f := range []string{"cmd", "bg"} {
+						b, err := os.ReadFile(filepath.Join(dir, f))
+						if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+							pids[f] = pid
+						}
+					}
+					return len(pids) == 2
+				})
+				t.Cleanup(func() {
+					for _, pid := range pids {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				})
+				killed := time.Now()
+				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				p.wait(t, 5*time.Second)
+				eventually(t, within, "CMD or its child runs on after holdfast was killed", func() bool {
+					return !running(pids["cmd"]) && !running(pids["bg"])
+				})
+				t.Logf("holdfast killed -> CMD and its child gone in %v (TTL %v)", time.Since(killed).Round(time.Millisecond), ttl)
+			})
+		}
+	}
+}

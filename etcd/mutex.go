@@ -48,9 +48,11 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 		return nil, err
 	}
 	cfg := options.ApplyLock(opts)
+	q := newQueue(s, name+"/")
+	q.value = mutexValue
 	return &Mutex{
 		name:    name,
-		q:       newQueue(s, name+"/"),
+		q:       q,
 		reentry: core.Reentry[*Grant]{Enabled: cfg.Reentrant},
 	}, nil
 }

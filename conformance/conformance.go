@@ -67,6 +67,17 @@ type Backend struct {
 	// latest state, and the suite checks only that what it delivers is in
 	// order and ends with the latest state.
 	ObserveAll bool
+
+	// NewClaimer, if set, returns a once-per-period claim called name on
+	// schedule sched, on a new session of its own, and its faults. The
+	// Claim* properties run only if it is set, with ClaimSchedule (zero:
+	// every 4 s, AtLeast 1 s, AtMost 2 s).
+	NewClaimer    func(t *testing.T, name string, sched holdfast.Schedule) (Claimer, Faults)
+	ClaimSchedule holdfast.Schedule
+	// ClaimFree bounds how long past AtMost (a crashed holder) or past
+	// AtLeast (a released claim) the store may keep a claim: lease or
+	// session expiry granularity.
+	ClaimFree time.Duration
 }
 
 // RWLocker is a read-write lock as the suite drives it: Lock and TryLock
@@ -141,6 +152,7 @@ const (
 	needsSemaphore = "NewSemaphore"
 	needsRWMutex   = "NewRWMutex"
 	needsElection  = "NewElection"
+	needsClaimer   = "NewClaimer"
 )
 
 // subtests is the suite, in the order Run runs it.
@@ -177,9 +189,14 @@ var subtests = []subtest{
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},
+	{"ElectionObserveWinners", testElectionObserveWinners, needsElection},
 	{"ElectionLeader", testElectionLeader, needsElection},
 	{"ElectionResign", testElectionResign, needsElection},
 	{"ElectionFailover", testElectionFailover, needsElection},
+
+	{"ClaimOnce", testClaimOnce, needsClaimer},
+	{"ClaimAtMost", testClaimAtMost, needsClaimer},
+	{"ClaimTicks", testClaimTicks, needsClaimer},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a
@@ -211,6 +228,7 @@ func Run(t *testing.T, b Backend) {
 		needsSemaphore: b.NewSemaphore != nil,
 		needsRWMutex:   b.NewRWMutex != nil,
 		needsElection:  b.NewElection != nil,
+		needsClaimer:   b.NewClaimer != nil,
 	}
 	left := map[string][]string{}
 	for _, st := range subtests {
@@ -218,7 +236,7 @@ func Run(t *testing.T, b Backend) {
 			left[st.needs] = append(left[st.needs], st.name)
 		}
 	}
-	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection} {
+	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer} {
 		if len(left[needs]) > 0 {
 			t.Logf("conformance: Backend.%s is nil: not running %s", needs, strings.Join(left[needs], ", "))
 		}

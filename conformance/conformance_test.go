@@ -98,6 +98,7 @@ var brokenFakes = []struct {
 	{bugObserveOutOfOrder, []string{"ElectionObserve"}},
 	{bugObserveSkips, []string{"ElectionObserve"}},
 	{bugObserveNoNone, []string{"ElectionObserve"}},
+	{bugObserveGhost, []string{"ElectionObserveWinners"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)

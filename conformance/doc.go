@@ -85,6 +85,8 @@
 //     writes admitted; ElectionObserve, Observe starts with the current state
 //     and delivers leaders in term order (every one of them with
 //     Backend.ObserveAll, even to a slow reader), ending with "no leader";
+//     ElectionObserveWinners, Observe never reports a candidate whose
+//     Campaign was cancelled before its turn came;
 //     ElectionLeader, ErrNoLeader when nobody leads, the leader otherwise, and
 //     a cancelled Campaign leaves nothing; ElectionResign, a resigning
 //     leader's context ends before the next leader's Campaign returns;

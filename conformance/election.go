@@ -487,3 +487,80 @@ func testElectionFailover(s *suite) {
 		s.t.Errorf("keys left after every leader resigned: %q", ks)
 	}
 }
+
+// testElectionObserveWinners: Observe reports a candidate only once it has
+// taken office (its Campaign returned, or would have had its ctx not ended
+// while the store made it leader). In each of several rounds A leads while
+// B and C wait; B's and C's campaigns are cancelled and, at once, A
+// resigns. B and C never lead, so an observer must report A and "no
+// leader", never B or C (a queue that reports whichever key is first
+// reports a cancelled waiter whose key is not yet removed).
+func testElectionObserveWinners(s *suite) {
+	const rounds = 8
+	o, _ := s.candidate()
+	a, _ := s.candidate()
+	b, _ := s.candidate()
+	c, _ := s.candidate()
+	octx, ocancel := context.WithCancel(s.root)
+	defer ocancel()
+	ch := o.Observe(octx)
+	var mu sync.Mutex
+	var seen []holdfast.Leader
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for l := range ch {
+			mu.Lock()
+			seen = append(seen, l)
+			mu.Unlock()
+		}
+	}()
+	winners := map[string]bool{} // values of candidates that took office
+	for i := range rounds {
+		va, vb, vc := fmt.Sprintf("A%d", i), fmt.Sprintf("B%d", i), fmt.Sprintf("C%d", i)
+		ga := s.win(a, va)
+		winners[va] = true
+		n := len(s.keys())
+		ctx, cancel := s.ctx(s.op)
+		bres := campaign(ctx, b, vb)
+		if ks, ok := s.waitKeys(keyWait, grows(n)); !ok {
+			cancel()
+			s.t.Fatalf("B's key did not appear within %v: keys %q", keyWait, ks)
+		}
+		cres := campaign(ctx, c, vc)
+		if ks, ok := s.waitKeys(keyWait, grows(n+1)); !ok {
+			cancel()
+			s.t.Fatalf("C's key did not appear within %v: keys %q", keyWait, ks)
+		}
+		cancel() // B and C give up; A resigns at once
+		s.unlock(ga, va)
+		for _, w := range []struct {
+			ch    <-chan result
+			value string
+		}{{bres, vb}, {cres, vc}} {
+			r := s.await(w.ch, s.op+slack, w.value+": cancelled Campaign")
+			if r.err == nil { // it won before it saw its ctx end: allowed
+				winners[w.value] = true
+				s.unlock(r.g, w.value)
+			}
+		}
+		if ks, ok := s.waitKeys(settle, empty); !ok {
+			s.t.Fatalf("keys left after round %d: %q", i, ks)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // let the observer catch up
+	ocancel()
+	select {
+	case <-done:
+	case <-time.After(s.op):
+		s.t.Fatalf("Observe's channel not closed %v after its context ended", s.op)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, l := range seen {
+		if !l.None() && !winners[string(l.Value)] {
+			s.t.Errorf("Observe reported %s, a candidate whose Campaign was cancelled and never won; seen %v", describeLeader(l), describeLeaders(seen))
+			return
+		}
+	}
+}

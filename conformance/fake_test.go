@@ -68,6 +68,7 @@ const (
 	bugObserveOutOfOrder  = "observe-out-of-order"    // Observe delivers pending changes newest first
 	bugObserveSkips       = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
 	bugObserveNoNone      = "observe-no-none"         // Observe never delivers "no leader"
+	bugObserveGhost       = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
 )
 
 // fakeKind is the primitive a key belongs to.
@@ -112,6 +113,8 @@ type fakeEntry struct {
 	held  bool           // the key holds the lock
 	token holdfast.Token // its fencing token, once held
 	lost  func()         // tells the holder its key was deleted
+
+	gaveUp, ghost bool // bugObserveGhost: a candidate that gave up, reported as leader
 }
 
 func newFakeStore(bug string) *fakeStore {
@@ -364,8 +367,15 @@ func (st *fakeStore) admitLocked(e *fakeEntry) bool {
 // removedLocked records that e's key is gone: an election's leader's key
 // leaves the election without a leader until the next one takes over.
 func (st *fakeStore) removedLocked(e *fakeEntry) {
-	if e.kind == kindElect && e.held {
+	if e.kind == kindElect && (e.held || e.ghost) {
 		st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{})
+	}
+	if st.bug == bugObserveGhost && e.kind == kindElect && e.held {
+		if _, waiting := st.queueLocked(e.name); len(waiting) > 0 && waiting[0].gaveUp {
+			w := waiting[0]
+			w.ghost = true
+			st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{Key: w.key, Value: w.value, Term: holdfast.Token(w.seq)})
+		}
 	}
 }
 
@@ -713,6 +723,11 @@ func (l *fakeLocker) acquireStore(ctx context.Context, try bool, kind fakeKind, 
 			err = context.Cause(s.ctx)
 		}
 		if err != nil {
+			if st.bug == bugObserveGhost {
+				st.mu.Lock()
+				e.gaveUp = true
+				st.mu.Unlock()
+			}
 			l.cleanup(e)
 			return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
 		}
@@ -732,6 +747,9 @@ func (l *fakeLocker) cleanup(e *fakeEntry) {
 	}
 	l.sess.background(func() {
 		defer func() { <-l.slot }()
+		if l.st.bug == bugObserveGhost {
+			time.Sleep(50 * time.Millisecond)
+		}
 		if l.sess.waitNet(context.Background(), false) == nil {
 			l.st.delete(l.key, e)
 		}

@@ -97,6 +97,18 @@ func TestConformance(t *testing.T) {
 			}
 			return conformance.AsCandidate[*Grant](e), f
 		},
+		NewClaimer: func(t *testing.T, name string, sched holdfast.Schedule) (conformance.Claimer, conformance.Faults) {
+			s, f := session(t)
+			o, err := NewOnce(s, name, sched)
+			if err != nil {
+				t.Fatalf("NewOnce(%q): %v", name, err)
+			}
+			return conformance.AsClaimer[*Claim](o), f
+		},
+		// AtMost is Consul's floor (2 x MinTTL); Consul invalidates the
+		// claim session by 2 x TTL = AtMost, give or take its timer.
+		ClaimSchedule: holdfast.Schedule{Every: 5 * time.Second, AtLeast: 2 * time.Second, AtMost: 2 * MinTTL},
+		ClaimFree:     3 * time.Second,
 		// Observe follows the lock key with blocking queries, which may
 		// skip to its latest state.
 		ObserveAll: false,

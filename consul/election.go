@@ -238,7 +238,11 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 // Consul (or while the reader is slow: the channel holds only the latest
 // state, so a slow reader skips to it) are not seen. What it delivers is in
 // order of terms, and "no leader" (the zero Leader) is delivered whenever
-// it sees the key free or absent. A value changed by Proclaim is delivered
+// it sees the key free or absent. A candidate is reported once it holds the
+// lock key: its Campaign has returned, or would have but for its ctx ending
+// while its acquiring request was in flight (it then releases the key in
+// the background). A candidate whose Campaign ended before its turn sends
+// no further request, so it never holds the key. A value changed by Proclaim is delivered
 // again with the same term. A store outage is retried, not reported.
 func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
 	out := make(chan holdfast.Leader)

@@ -98,6 +98,18 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			}
 			return conformance.AsCandidate[*etcd.Grant](e), f
 		},
+		NewClaimer: func(t *testing.T, name string, sched holdfast.Schedule) (conformance.Claimer, conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			o, err := etcd.NewOnce(s, name, sched)
+			if err != nil {
+				t.Fatalf("NewOnce(%q): %v", name, err)
+			}
+			return conformance.AsClaimer[*etcd.Claim](o), f
+		},
+		// Leases are checked for expiry every 500 ms, and the lease that
+		// keeps a released claim until AtLeast is at least 2 s (etcd's
+		// shortest).
+		ClaimFree: 2500 * time.Millisecond,
 		// Observe delivers every leader, in order, however slow the reader.
 		ObserveAll: true,
 		Keys: func(t *testing.T, name string) []string {

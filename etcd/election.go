@@ -27,6 +27,16 @@ import (
 // own key after each wait (a lease that expired while it waited gives no
 // phantom leadership), and its key is removed on every error path.
 //
+// A candidate is the leader once it has taken office: its key is first and
+// carries its value. A waiting holdfast candidate's key has an empty value;
+// the request that finds it first writes the value (one Txn, guarded by the
+// key being first and ours). So a candidate whose Campaign gave up before
+// its turn, and whose key is not yet removed, is never reported as leader,
+// while a concurrency.Election candidate (its value written at once) is the
+// leader as soon as its key is first, when its Campaign returns. Observers
+// through concurrency.Election may see a new holdfast leader's key with an
+// empty value for a moment, then its value.
+//
 // The leader's term is its grant's token: the create revision of its key.
 // Leadership is a *Grant: its context is cancelled when the leader's key is
 // deleted or its lease is lost (before the lease can expire on the server,
@@ -75,7 +85,7 @@ func (e *Election) Name() string { return e.name }
 // replaced with value, as concurrency.Election does.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	m := &Mutex{name: e.name, q: newQueue(e.s, e.name+"/")}
-	m.q.value = string(value)
+	m.q.value, m.q.office = string(value), true
 	g, err := m.lock(ctx, false)
 	if err != nil {
 		return nil, err
@@ -144,7 +154,8 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 
 // Leader returns the current leader: the candidate key with the lowest
 // create revision under "<name>/", its value and its create revision as the
-// term. With no candidate it returns an error wrapping holdfast.ErrNoLeader;
+// term. With no candidate, or one that has not taken office (see Election),
+// it returns an error wrapping holdfast.ErrNoLeader;
 // if the first key under "<name>/" belongs to a longer name, one wrapping
 // holdfast.ErrConflict.
 func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
@@ -163,6 +174,9 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 	if err := q.conflict(kv); err != nil {
 		return holdfast.Leader{}, err
 	}
+	if !inOffice(kv) {
+		return holdfast.Leader{}, fmt.Errorf("%w: %s (the first candidate has not taken office)", holdfast.ErrNoLeader, e.name)
+	}
 	return holdfast.Leader{Key: string(kv.Key), Value: kv.Value, Term: holdfast.Token(kv.CreateRevision)}, nil
 }
 
@@ -171,8 +185,10 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 // channel is closed. A nil ctx gives a closed channel.
 //
 // On etcd it delivers every leader in order, each once it has taken office
-// (and again with its new value after each Proclaim, same term), and "no
-// leader" whenever the candidates' keys are all gone: it reads the keys
+// (see Election: its Campaign has returned, or would have but for its ctx
+// ending while its winning request was in flight), again with its new
+// value after each Proclaim (same term), and "no leader" whenever no
+// candidate is in office: it reads the keys
 // under "<name>/" once, then follows every event from the revision of that
 // read on one watch, and computes the leader after each revision. Only if
 // etcd compacted the history it needs (the watch fell behind by more than
@@ -241,10 +257,17 @@ func (c contenders) leader() holdfast.Leader {
 			best = kv
 		}
 	}
-	if best == nil {
+	if best == nil || !inOffice(best) {
 		return holdfast.Leader{}
 	}
 	return holdfast.Leader{Key: string(best.Key), Value: best.Value, Term: holdfast.Token(best.CreateRevision)}
+}
+
+// inOffice reports whether the first candidate's key kv marks a leader in
+// office: a value, or a second write (see Election). A waiting holdfast
+// candidate's key has an empty value, written once.
+func inOffice(kv *mvccpb.KeyValue) bool {
+	return len(kv.Value) > 0 || kv.Version > 1
 }
 
 // sameLeader reports whether a and b are the same leader with the same

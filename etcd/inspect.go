@@ -25,10 +25,12 @@ const mutexValue = "holdfast lock"
 // key. It costs one read of the keys under "<name>/" and one lease lookup
 // per contender.
 //
-// Keys with an empty value are a lock's (as concurrency.Mutex writes them);
-// keys with any other value that holdfast does not write are an election's
-// candidates, whose value is the proposal, and whose origin is unknown
-// (holdfast's Election and concurrency.Election write the same keys). A
+// Keys with an empty value written once are a lock's (as concurrency.Mutex
+// writes them); keys with a value that holdfast's locks do not write are an
+// election's candidates, whose value is the proposal: the leader's origin
+// is unknown (holdfast's Election and concurrency.Election write the same
+// key), while a waiting candidate with a proposal is concurrency.Election's
+// (holdfast's waiting candidates write an empty value, see Election). A
 // free name has no key: its kind is holdfast.KindUnknown. Errors: an
 // invalid name wraps holdfast.ErrInvalidName (before any request), a
 // refused request holdfast.ErrPermissionDenied.
@@ -94,8 +96,8 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 			}
 			break
 		}
-		if v := string(kv.Value); v != "" && v != mutexValue {
-			st.Kind = holdfast.KindElection
+		if v := string(kv.Value); v != "" && v != mutexValue || v == "" && kv.Version > 1 {
+			st.Kind = holdfast.KindElection // a proposal, or a leader's empty one (see inOffice)
 		}
 	}
 	if len(queue) == 0 {
@@ -104,16 +106,26 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 	for i, kv := range queue {
 		ct := contender(kv)
 		switch v := string(kv.Value); {
-		case strings.HasPrefix(v, semValuePrefix):
+		case strings.HasPrefix(v, semValuePrefix), v == mutexValue:
 			ct.Origin = holdfast.OriginHoldfast
-		case v == mutexValue:
+		case st.Kind == holdfast.KindElection && v == "":
+			// holdfast's candidate: its key is empty until it takes office
+			// (or it took office with an empty proposal)
 			ct.Origin = holdfast.OriginHoldfast
 		case v == "":
-			ct.Origin = holdfast.OriginNative
+			ct.Origin = holdfast.OriginNative // etcdctl lock, concurrency.Mutex
+		case i > 0:
+			// a waiting candidate with its proposal: concurrency.Election's
+			// (holdfast writes its proposal once first)
+			ct.Origin, ct.Value = holdfast.OriginNative, kv.Value
 		default:
-			ct.Value = kv.Value // a proposal: holdfast's or concurrency.Election's
+			ct.Value = kv.Value // the leader's proposal: holdfast's or concurrency.Election's
 		}
-		if i < max(st.Limit, 1) {
+		holds := i < max(st.Limit, 1)
+		if st.Kind == holdfast.KindElection && !inOffice(kv) {
+			holds = false // the first candidate has not taken office: no leader (see Election)
+		}
+		if holds {
 			ct.Token = holdfast.Token(kv.CreateRevision)
 			st.Holders = append(st.Holders, ct)
 		} else {

@@ -29,6 +29,9 @@ type queue struct {
 	pfx   string // "<name>/"
 	key   string // pfx + lease ID in hex (the RW lock's keys add "read/" or "write/")
 	value string // our key's value: mutexValue for the mutex, a semaphore's limit, a candidate's proposal
+	// office: an election's queue, whose key carries value only once it
+	// is first (taken office), and "" while it waits (see Election).
+	office bool
 }
 
 func newQueue(s *Session, pfx string) queue {
@@ -91,6 +94,10 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	last := clientv3.OpGet(q.pfx, clientv3.WithLastCreate()...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+	if q.office { // the value if we are first, else "" until we are
+		empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
+		put = clientv3.OpTxn([]clientv3.Cmp{empty}, []clientv3.Op{put}, []clientv3.Op{clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))})
+	}
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
 	var resp *clientv3.TxnResponse
 	// A join that timed out may have applied: the next attempt then finds
@@ -106,13 +113,20 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	if resp.Succeeded {
 		rev = resp.Header.Revision // our put's revision is our key's create revision
 		a = ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: rev}
+		if a.pred == nil && q.office && q.value == "" {
+			// An empty value put at once does not mark a leader in
+			// office (see Election): write it again.
+			if _, err := q.check(ctx, rev, clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))); err != nil {
+				return rev, err
+			}
+		}
 	} else {
 		mine := first(resp.Responses[0])
 		if mine == nil {
 			return 0, errors.New("own key vanished")
 		}
 		rev = mine.CreateRevision
-		if string(mine.Value) != q.value { // publish our value, as concurrency.Election does
+		if !q.office && string(mine.Value) != q.value { // publish our value (an election's: once first, in read)
 			put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 			if _, err := q.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev)).Then(put).Commit(); err != nil {
 				return rev, err // else read checks that our key is still ours
@@ -217,16 +231,30 @@ func same(a, b *mvccpb.KeyValue) bool {
 }
 
 // read checks that our key still has create revision rev and reads what is
-// ahead of it. Transport errors (a leader election, say) are retried until
-// ctx ends.
+// ahead of it. In an election's queue, if no key is ahead, the same Txn
+// puts our value: we take office. Transport errors (a leader election, say)
+// are retried until ctx ends.
 func (q queue) read(ctx context.Context, rev int64) (ahead, error) {
 	last := clientv3.OpGet(q.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
-	resp, err := q.check(ctx, rev, last, head)
+	if !q.office {
+		resp, err := q.check(ctx, rev, last, head)
+		if err != nil {
+			return ahead{}, err
+		}
+		return ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
+	}
+	firstKey := clientv3.Compare(clientv3.CreateRevision(q.pfx), ">", rev-1).WithPrefix()
+	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
+	resp, err := q.check(ctx, rev, clientv3.OpTxn([]clientv3.Cmp{firstKey}, []clientv3.Op{put}, []clientv3.Op{last, head}))
 	if err != nil {
 		return ahead{}, err
 	}
-	return ahead{pred: first(resp.Responses[0]), head: first(resp.Responses[1]), seen: resp.Header.Revision}, nil
+	inner := resp.Responses[0].GetResponseTxn()
+	if inner.Succeeded {
+		return ahead{seen: resp.Header.Revision}, nil
+	}
+	return ahead{pred: first(inner.Responses[0]), head: first(inner.Responses[1]), seen: resp.Header.Revision}, nil
 }
 
 // check runs ops in one Txn that succeeds only if our key still has create

@@ -23,6 +23,8 @@ type Candidate[G holdfast.Grant] interface {
 	Leader(ctx context.Context) (holdfast.Leader, error)
 	// Observe delivers the current leader (or the zero Leader for "no
 	// leader") and then every change, in order of terms, until ctx or the
-	// session ends; then the channel is closed.
+	// session ends; then the channel is closed. A candidate is reported
+	// once it leads: its Campaign has returned, or would have but for its
+	// ctx ending while the store was making it leader.
 	Observe(ctx context.Context) <-chan holdfast.Leader
 }

@@ -1,0 +1,276 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/holdfast/holdfast"
+)
+
+// Claimer is a once-per-period claim (etcd.Once, consul.Once) as the suite
+// drives it.
+type Claimer interface {
+	// ClaimPeriod claims the period starting at period: a held claim, or
+	// an error wrapping holdfast.ErrClaimed at once if the name's claim is
+	// taken.
+	ClaimPeriod(ctx context.Context, period time.Time) (holdfast.Grant, error)
+}
+
+// ClaimerOf is what both backends' Once offer; AsClaimer turns one into a
+// Claimer.
+type ClaimerOf[G holdfast.Grant] interface {
+	ClaimPeriod(ctx context.Context, period time.Time) (G, error)
+}
+
+// AsClaimer returns c as a Claimer.
+func AsClaimer[G holdfast.Grant](c ClaimerOf[G]) Claimer { return claimer[G]{c} }
+
+type claimer[G holdfast.Grant] struct{ c ClaimerOf[G] }
+
+func (c claimer[G]) ClaimPeriod(ctx context.Context, period time.Time) (holdfast.Grant, error) {
+	g, err := c.c.ClaimPeriod(ctx, period)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// claimSchedule is the schedule of the claim properties: the backend's, or a
+// default fit for a store with short leases.
+func (s *suite) claimSchedule() holdfast.Schedule {
+	if s.b.ClaimSchedule != (holdfast.Schedule{}) {
+		return s.b.ClaimSchedule
+	}
+	return holdfast.Schedule{Every: 4 * time.Second, AtLeast: time.Second, AtMost: 2 * time.Second}
+}
+
+// claimers returns n claimers of the subtest's name, each on a session of
+// its own.
+func (s *suite) claimers(n int, sched holdfast.Schedule) []Claimer {
+	s.t.Helper()
+	cs := make([]Claimer, n)
+	for i := range cs {
+		c, f := s.b.NewClaimer(s.t, s.name, sched)
+		if c == nil {
+			s.t.Fatal("Backend.NewClaimer returned a nil Claimer")
+		}
+		s.faults(f, "NewClaimer")
+		cs[i] = c
+	}
+	return cs
+}
+
+// claimRefusal bounds how long a refused claim may take: it is told at
+// once, never queued (a few requests on a loaded machine).
+const claimRefusal = 2 * time.Second
+
+// testClaimOnce: 5 claimers claim one period at once: exactly one gets the
+// claim (non-zero token, key under the name), the 4 others are refused with
+// holdfast.ErrClaimed while it still holds, each within 2 s. The holder
+// releases at once; a claim of the same period right after is refused (the
+// claim stays AtLeast); once AtLeast and ClaimFree have passed, a claim of
+// the next period succeeds with a higher token, and after its release and
+// AtLeast nothing is left under the name.
+func testClaimOnce(s *suite) {
+	sched := s.claimSchedule()
+	cs := s.claimers(5, sched)
+	period := sched.Period(time.Now())
+	ctx, cancel := s.ctx(s.op)
+	defer cancel()
+	type result struct {
+		g    holdfast.Grant
+		err  error
+		took time.Duration
+	}
+	res := make([]result, len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Go(func() {
+			start := time.Now()
+			g, err := c.ClaimPeriod(ctx, period)
+			res[i] = result{g, err, time.Since(start)}
+		})
+	}
+	wg.Wait()
+	var holder holdfast.Grant
+	for i, r := range res {
+		switch {
+		case r.err == nil && holder != nil:
+			s.t.Errorf("claimer %d: a second claim of period %v: %s", i, period, describe(r.g))
+		case r.err == nil:
+			holder = r.g
+			s.track(r.g)
+		case !errors.Is(r.err, holdfast.ErrClaimed):
+			s.t.Errorf("claimer %d: %v, want an error wrapping holdfast.ErrClaimed", i, r.err)
+		case r.took > claimRefusal:
+			s.t.Errorf("claimer %d: refused after %v, want at once (< %v)", i, r.took, claimRefusal)
+		}
+	}
+	if holder == nil {
+		s.t.Fatalf("no claimer of 5 got period %v", period)
+	}
+	if holder.Token() == 0 || !s.under(holder.Key()) {
+		s.t.Errorf("claim %s: want a non-zero token and a key under %q", describe(holder), s.name+"/")
+	}
+	if err := holder.Context().Err(); err != nil {
+		s.t.Errorf("claim context done while held: %v", context.Cause(holder.Context()))
+	}
+	made := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		s.t.Fatalf("Unlock of the claim: %v", err)
+	}
+	if !errors.Is(context.Cause(holder.Context()), holdfast.ErrReleased) {
+		s.t.Errorf("claim context cause after Unlock: %v, want holdfast.ErrReleased", context.Cause(holder.Context()))
+	}
+	if sched.AtLeast > 500*time.Millisecond {
+		if g, err := cs[1].ClaimPeriod(ctx, period); err == nil {
+			s.track(g)
+			s.t.Errorf("a claim of the same period right after an early release (AtLeast %v) succeeded: %s", sched.AtLeast, describe(g))
+		} else if !errors.Is(err, holdfast.ErrClaimed) {
+			s.t.Errorf("a claim of the same period right after the release: %v, want holdfast.ErrClaimed", err)
+		}
+	}
+	time.Sleep(time.Until(made.Add(sched.AtLeast)))
+	next := period.Add(sched.Every)
+	var g holdfast.Grant
+	deadline := time.Now().Add(s.b.ClaimFree + claimRefusal)
+	for {
+		var err error
+		if g, err = cs[2].ClaimPeriod(ctx, next); err == nil {
+			break
+		}
+		if !errors.Is(err, holdfast.ErrClaimed) || time.Now().After(deadline) {
+			s.t.Fatalf("claim of the next period %v after the first's release and AtLeast (%v) + ClaimFree (%v): %v", next, sched.AtLeast, s.b.ClaimFree, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.track(g)
+	if g.Token() <= holder.Token() {
+		s.t.Errorf("token of the next claim %d, want more than the first's %d", g.Token(), holder.Token())
+	}
+	if err := g.Unlock(ctx); err != nil {
+		s.t.Errorf("Unlock of the second claim: %v", err)
+	}
+	if ks, ok := s.waitKeys(sched.AtLeast+s.b.ClaimFree+settle, idle); !ok {
+		s.t.Errorf("keys left after the claims were released and AtLeast passed: %q", ks)
+	}
+}
+
+// testClaimAtMost: a holder that never releases (it crashed) keeps the
+// claim: a claim of the next period is refused at least until the holder's
+// context has ended (the holder is told before anyone else can claim), and
+// succeeds no later than AtMost + ClaimFree after the first claim.
+func testClaimAtMost(s *suite) {
+	sched := s.claimSchedule()
+	cs := s.claimers(2, sched)
+	ctx, cancel := s.ctx(sched.AtMost + s.b.ClaimFree + s.op)
+	defer cancel()
+	period := sched.Period(time.Now())
+	start := time.Now()
+	held, err := cs[0].ClaimPeriod(ctx, period)
+	if err != nil {
+		s.t.Fatalf("first claim: %v", err)
+	}
+	s.track(held)
+	if d := held.Deadline(); d.After(start.Add(sched.AtMost)) {
+		s.t.Errorf("claim Deadline %v after the claim was sent, want at most AtMost %v", d.Sub(start), sched.AtMost)
+	}
+	for i := 1; ; i++ {
+		g, err := cs[1].ClaimPeriod(ctx, period.Add(time.Duration(i)*sched.Every))
+		if err == nil {
+			s.track(g)
+			if held.Context().Err() == nil {
+				s.t.Errorf("a claim succeeded %v after a crashed holder's claim while that holder's context was still live", time.Since(start))
+			}
+			if g.Token() <= held.Token() {
+				s.t.Errorf("token %d after a crashed holder's %d: want it higher", g.Token(), held.Token())
+			}
+			return
+		}
+		if !errors.Is(err, holdfast.ErrClaimed) {
+			s.t.Fatalf("claim after a crashed holder: %v", err)
+		}
+		if time.Since(start) > sched.AtMost+s.b.ClaimFree {
+			s.t.Fatalf("a crashed holder's claim still blocks %v after it was made (AtMost %v + ClaimFree %v)", time.Since(start), sched.AtMost, s.b.ClaimFree)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// claimTicks is how many periods testClaimTicks runs.
+const claimTicks = 8
+
+// testClaimTicks: 5 claimers fire at every period for 8 periods, each late
+// by its own offset (its clock or scheduler lags by up to AtLeast/2, the
+// tolerated skew); the winner runs 100 ms and releases, except in period
+// 2 where it crashes (never releases). Each period has at most one run;
+// each period that starts after the crashed claim's AtMost + ClaimFree, and
+// every period before the crash, has exactly one.
+func testClaimTicks(s *suite) {
+	sched := s.claimSchedule()
+	cs := s.claimers(5, sched)
+	ctx, cancel := s.ctx(claimTicks*sched.Every + s.op)
+	defer cancel()
+	skew := sched.AtLeast / 2
+	first := sched.Period(time.Now()).Add(sched.Every)
+	var (
+		mu      sync.Mutex
+		runs    = map[int]int{}
+		crashed time.Time
+		errs    errList
+		wg      sync.WaitGroup
+	)
+	for i, c := range cs {
+		offset := time.Duration(rand.Int64N(int64(skew) + 1))
+		wg.Go(func() {
+			for k := range claimTicks {
+				p := first.Add(time.Duration(k) * sched.Every)
+				select {
+				case <-time.After(time.Until(p.Add(offset))):
+				case <-ctx.Done():
+					return
+				}
+				g, err := c.ClaimPeriod(ctx, p)
+				if errors.Is(err, holdfast.ErrClaimed) {
+					continue
+				}
+				if err != nil {
+					errs.add("claimer %d, period %d: %v", i, k, err)
+					continue
+				}
+				s.track(g)
+				mu.Lock()
+				runs[k]++
+				crash := k == 2
+				if crash {
+					crashed = time.Now()
+				}
+				mu.Unlock()
+				if crash {
+					continue
+				}
+				time.Sleep(100 * time.Millisecond)
+				if err := g.Unlock(ctx); err != nil {
+					errs.add("claimer %d, period %d: Unlock: %v", i, k, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	errs.report(s.t)
+	for k := range claimTicks {
+		p := first.Add(time.Duration(k) * sched.Every)
+		free := k < 2 || (!crashed.IsZero() && p.After(crashed.Add(sched.AtMost+s.b.ClaimFree)))
+		switch n := runs[k]; {
+		case n > 1:
+			s.t.Errorf("period %d (%v): %d runs, want at most 1", k, p, n)
+		case n == 0 && free:
+			s.t.Errorf("period %d (%v): no run, though no claim could block it", k, p)
+		}
+	}
+	s.t.Logf("runs per period: %v (5 claimers, skew up to %v, crash in period 2)", fmt.Sprint(runs), skew)
+}

@@ -281,8 +281,7 @@ func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clien
 }
 
 // retry calls attempt until it succeeds, fails with a final error (see
-// core.Final) or the session's lease is gone (holdfast.ErrSessionLost), or
-// ctx ends, pausing 20 ms, then twice as long each time, up
+// core.Final: a refusal, the session's lease gone), or ctx ends, pausing 20 ms, then twice as long each time, up
 // to 1 s: transport errors and the server's timeouts (a leader election, a
 // slow disk) are ridden out while the caller waits. It returns the last
 // error, mapped by storeErr.
@@ -290,7 +289,7 @@ func retry(ctx context.Context, attempt func() error) error {
 	pause := 20 * time.Millisecond
 	for {
 		err := storeErr(attempt())
-		if err == nil || ctx.Err() != nil || core.Final(err) || errors.Is(err, holdfast.ErrSessionLost) {
+		if err == nil || ctx.Err() != nil || core.Final(err) {
 			return err
 		}
 		t := time.NewTimer(pause)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // Defaults of Config.
@@ -190,15 +191,14 @@ func lead[G holdfast.Grant](ctx context.Context, g G, cfg *Config[G]) {
 }
 
 // final reports whether a campaign error will not go away by campaigning
-// again with the same candidate.
+// again: a final error (core.Final), except the loss of the key the
+// campaign itself had put (ErrLost, ErrNotHeld), which the next campaign
+// puts afresh. The session's loss (ErrSessionLost wraps ErrLost) is final.
 func final(err error) bool {
-	for _, e := range []error{holdfast.ErrSessionLost, holdfast.ErrSessionClosed, holdfast.ErrConflict,
-		holdfast.ErrPermissionDenied, holdfast.ErrInvalidArgument, holdfast.ErrInvalidName} {
-		if errors.Is(err, e) {
-			return true
-		}
+	if errors.Is(err, holdfast.ErrSessionLost) {
+		return true
 	}
-	return false
+	return core.Final(err) && !errors.Is(err, holdfast.ErrLost) && !errors.Is(err, holdfast.ErrNotHeld)
 }
 
 // isNil reports whether c is nil, or an interface holding a nil pointer.

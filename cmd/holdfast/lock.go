@@ -87,7 +87,8 @@ Exit status:
   2               bad usage
   122             the lock was lost while CMD ran; CMD was stopped
   124             not acquired: --timeout elapsed, or --try found it held
-  125             holdfast failed (store unreachable, invalid name, refused)
+  125             holdfast failed (store unreachable or silent within
+                  --timeout, or --try's bound; refused)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,
@@ -95,8 +96,8 @@ Exit status:
 
 func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long, exiting 124 (0: wait as long as it takes)")
-	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for")
+	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
+	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
@@ -112,15 +113,16 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--timeout %v is negative", *timeout)
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
-		case *try && *timeout > 0:
-			return usagef("--try and --timeout exclude each other")
 		}
 		if err := holdfast.ValidateName(name); err != nil {
 			return usagef("%v", err)
 		}
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try}
 		if *permits > 1 {
 			r.what = "its permit"
+		}
+		if *try && r.bound == 0 {
+			r.bound = tryBound
 		}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			var l holdfast.Locker
@@ -136,19 +138,14 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if *try {
 				return l.TryLock(ctx)
 			}
-			if *timeout <= 0 {
-				return l.Lock(ctx)
-			}
-			tctx, cancel := context.WithTimeoutCause(ctx, *timeout, errTimeout)
-			defer cancel()
-			g, err := l.Lock(tctx)
-			if err != nil && errors.Is(context.Cause(tctx), errTimeout) && ctx.Err() == nil {
-				return nil, fmt.Errorf("%w after %v", errTimeout, *timeout)
-			}
-			return g, err
+			return l.Lock(ctx)
 		}, name, argv)
 	}
 }
+
+// tryBound bounds an attempt with --try and no --timeout, connecting
+// included: a store that does not answer within it is a failure (125).
+const tryBound = 2 * time.Second
 
 var errTimeout = errors.New("timed out waiting")
 
@@ -173,8 +170,13 @@ type runner struct {
 	grace     time.Duration
 	childCode bool
 	loop      bool // after a loss, acquire again (elect --loop)
-	extraEnv  []string
-	native    bool // set the native lock commands' variables too
+	// bound, if not 0, bounds the first attempt: connecting and acquiring.
+	// When it ends while connecting, or with try while acquiring, the
+	// store did not answer (125); otherwise the wait timed out (124).
+	bound    time.Duration
+	try      bool
+	extraEnv []string
+	native   bool // set the native lock commands' variables too
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -199,24 +201,41 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	}()
 	var got os.Signal
 	var err error
+	actx, cancelAttempt := ctx, context.CancelFunc(func() {})
+	if r.bound > 0 {
+		actx, cancelAttempt = context.WithTimeoutCause(ctx, r.bound, errTimeout)
+	}
+	defer cancelAttempt()
+	timedOut := func() bool { return errors.Is(context.Cause(actx), errTimeout) && ctx.Err() == nil }
 	for err == nil {
 		if s != nil && s.Err() != nil { // lost with the grant: a new one
 			s.Close()
 			s = nil
 		}
 		if s == nil {
-			if got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+			if got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 				s, err = sf.open(wctx)
 				return err
 			}); err != nil {
+				if got == nil && timedOut() {
+					err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+				}
 				break
 			}
 		}
 		var g holdfast.Grant
-		got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err != nil && got == nil && timedOut() {
+			if r.try {
+				err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+			} else {
+				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
+			}
+		}
+		actx = ctx // a later round (elect --loop) is not bounded
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens
 			// a new one (after a pause, should the store refuse at once).
@@ -238,8 +257,9 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		return err
 	}
 	var ue usageError
+	var ee exitError
 	switch {
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.As(err, &ee):
 		return err
 	case got != nil:
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}

@@ -86,9 +86,11 @@ func Retry(ctx context.Context, attempt func(context.Context) error) error {
 	}
 }
 
-// Final reports whether err is an answer that retrying cannot change: the
-// store refused the request (not held, permission, conflict, bad input) or
-// the session is over.
+// Final reports whether err is an answer that retrying the same request
+// cannot change: the store refused it (not held, permission, conflict, bad
+// input), the grant it acts on is lost, or the session is over (lost, which
+// wraps ErrLost, or closed). It is the one definition of a final error:
+// every retry loop of the backends and leader.Run stop on it.
 func Final(err error) bool {
 	for _, e := range []error{
 		holdfast.ErrNotHeld, holdfast.ErrPermissionDenied, holdfast.ErrConflict,

@@ -88,6 +88,7 @@ var brokenFakes = []struct {
 	{bugSemOverAdmit, []string{"SemaphoreLimit", "SemaphoreTryLock"}},
 	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
 	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
+	{bugLateAdmission, []string{"SemaphorePromptAdmission", "RWPromptAdmission"}},
 	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
 	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
 	{bugRWReadersExclusive, []string{"RWReadersShare"}},
@@ -229,6 +230,7 @@ var allSubtests = []string{
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
-	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens",
+	"SemaphorePromptAdmission",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
 }

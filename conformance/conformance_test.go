@@ -100,6 +100,12 @@ var brokenFakes = []struct {
 	{bugObserveSkips, []string{"ElectionObserve"}},
 	{bugObserveNoNone, []string{"ElectionObserve"}},
 	{bugObserveGhost, []string{"ElectionObserveWinners"}},
+
+	{bugClaimTwice, []string{"ClaimOnce", "ClaimTicks"}},
+	{bugClaimQueues, []string{"ClaimOnce"}},
+	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
+	{bugClaimToldLate, []string{"ClaimAtMost"}},
+	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -216,7 +222,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -233,4 +239,5 @@ var allSubtests = []string{
 	"SemaphorePromptAdmission",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
 }

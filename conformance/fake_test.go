@@ -145,6 +145,8 @@ func (st *fakeStore) backend() conformance.Backend {
 			return fakeElection{l}, f
 		},
 		ObserveAll: true,
+		NewClaimer: st.newClaimer,
+		ClaimFree:  time.Second,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()

@@ -180,12 +180,14 @@ var subtests = []subtest{
 	{"SemaphoreKilledHolder", testSemaphoreKilledHolder, needsSemaphore},
 	{"SemaphoreCancelCleanup", testSemaphoreCancelCleanup, needsSemaphore},
 	{"SemaphoreLimitMismatch", testSemaphoreLimitMismatch, needsSemaphore},
+	{"SemaphorePromptAdmission", testSemaphorePromptAdmission, needsSemaphore},
 
 	{"RWExclusion", testRWExclusion, needsRWMutex},
 	{"RWReadersShare", testRWReadersShare, needsRWMutex},
 	{"RWWriterNotStarved", testRWWriterNotStarved, needsRWMutex},
 	{"RWCancelCleanup", testRWCancelCleanup, needsRWMutex},
 	{"RWTokens", testRWTokens, needsRWMutex},
+	{"RWPromptAdmission", testRWPromptAdmission, needsRWMutex},
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},

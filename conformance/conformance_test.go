@@ -88,6 +88,7 @@ var brokenFakes = []struct {
 	{bugSemOverAdmit, []string{"SemaphoreLimit", "SemaphoreTryLock"}},
 	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
 	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
+	{bugLateAdmission, []string{"SemaphorePromptAdmission", "RWPromptAdmission"}},
 	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
 	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
 	{bugRWReadersExclusive, []string{"RWReadersShare"}},
@@ -99,6 +100,12 @@ var brokenFakes = []struct {
 	{bugObserveSkips, []string{"ElectionObserve"}},
 	{bugObserveNoNone, []string{"ElectionObserve"}},
 	{bugObserveGhost, []string{"ElectionObserveWinners"}},
+
+	{bugClaimTwice, []string{"ClaimOnce", "ClaimTicks"}},
+	{bugClaimQueues, []string{"ClaimOnce"}},
+	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
+	{bugClaimToldLate, []string{"ClaimAtMost"}},
+	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -215,7 +222,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -229,6 +236,8 @@ var allSubtests = []string{
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
-	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens",
+	"SemaphorePromptAdmission",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
 }

@@ -59,6 +59,7 @@ const (
 	bugSemMismatchIgnored = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
 	bugSemDeadHolderKept  = "sem-dead-holder-kept"    // a killed session's permit is never given back
 	bugRWWriterBesideRead = "rw-writer-beside-reader" // a writer is admitted while readers hold
+	bugLateAdmission      = "late-admission"          // a permit (or read grant) asked for while one is held waits for a release, though it fits
 	bugRWReaderBarges     = "rw-reader-barges"        // a reader passes a queued writer while readers hold
 	bugRWReadersExclusive = "rw-readers-exclusive"    // readers do not share
 	bugElectTwoLeaders    = "election-two-leaders"    // two candidates lead at once
@@ -111,6 +112,7 @@ type fakeEntry struct {
 	sess  *fakeSession
 	seq   uint64         // revision that created the key
 	held  bool           // the key holds the lock
+	late  bool           // bugLateAdmission: joined while a permit was held; waits for a release
 	token holdfast.Token // its fencing token, once held
 	lost  func()         // tells the holder its key was deleted
 
@@ -143,6 +145,8 @@ func (st *fakeStore) backend() conformance.Backend {
 			return fakeElection{l}, f
 		},
 		ObserveAll: true,
+		NewClaimer: st.newClaimer,
+		ClaimFree:  time.Second,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()
@@ -328,6 +332,9 @@ func (st *fakeStore) admitLocked(e *fakeEntry) bool {
 		holders, waiting := st.queueLocked(e.name)
 		return holders < limit && slices.Contains(waiting[:min(len(waiting), limit-holders)], e)
 	}
+	if e.late {
+		return false
+	}
 	var before, writers, heldWriters int
 	for _, o := range st.keys {
 		if o.name != e.name || o.seq >= e.seq {
@@ -367,6 +374,11 @@ func (st *fakeStore) admitLocked(e *fakeEntry) bool {
 // removedLocked records that e's key is gone: an election's leader's key
 // leaves the election without a leader until the next one takes over.
 func (st *fakeStore) removedLocked(e *fakeEntry) {
+	for _, o := range st.keys {
+		if o.name == e.name {
+			o.late = false
+		}
+	}
 	if e.kind == kindElect && (e.held || e.ghost) {
 		st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{})
 	}
@@ -679,6 +691,10 @@ func (l *fakeLocker) acquireStore(ctx context.Context, try bool, kind fakeKind, 
 		}
 	}
 	e := &fakeEntry{key: l.key, kind: kind, limit: l.limit, value: slices.Clone(value), name: l.name, sess: s, seq: st.rev + 1}
+	if st.bug == bugLateAdmission && !try && (kind == kindSem || kind == kindRead) {
+		holders, _ := st.queueLocked(l.name)
+		e.late = holders > 0
+	}
 	if try {
 		if kind == kindLock || kind == kindElect {
 			holders, waiting := st.queueLocked(l.name)

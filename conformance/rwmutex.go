@@ -308,3 +308,15 @@ func testRWTokens(s *suite) {
 		s.t.Errorf("keys left after every grant was released: %q", ks)
 	}
 }
+
+// testRWPromptAdmission: PromptAdmission for readers: 3 readers that call
+// RLock at the same moment are all granted promptly, and so are 2 beside a
+// reader already in, each 8 times.
+func testRWPromptAdmission(s *suite) {
+	ls := s.rws(4)
+	readers := make([]holdfast.Locker, 3)
+	for i := range readers {
+		readers[i] = readLocker{ls[i]}
+	}
+	s.promptAdmission(readLocker{ls[3]}, readers, "read grant")
+}

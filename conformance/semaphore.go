@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -311,5 +312,78 @@ func testSemaphoreLimitMismatch(s *suite) {
 	s.unlock(ga, "A")
 	if ks, ok := s.waitKeys(settle, idle); !ok {
 		s.t.Errorf("keys left after A's release: %q", ks)
+	}
+}
+
+// promptRounds is how many times PromptAdmission lets contenders join
+// together, with and without a holder already in.
+const promptRounds = 8
+
+// testSemaphorePromptAdmission: contenders that fit under the limit and
+// join together are all granted promptly, none waiting for a release that
+// they do not need: 3 clients at once on a free semaphore with a limit of
+// 3, and 2 at once beside a holder, each 8 times.
+func testSemaphorePromptAdmission(s *suite) {
+	ls := s.semaphores(semLimit+1, semLimit)
+	s.promptAdmission(ls[semLimit], ls[:semLimit], "permit")
+}
+
+// promptAdmission is PromptAdmission on lockers that all fit at once: in
+// each round, the contenders (all of ls; all but one when holder is in
+// first) call Lock at the same moment, and each must be granted within
+// promptly of its call.
+func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, what string) {
+	s.t.Helper()
+	for round := range 2 * promptRounds {
+		withHolder := round%2 == 1
+		var gh holdfast.Grant
+		contenders := ls
+		if withHolder {
+			gh = s.tryLock(holder, fmt.Sprintf("round %d: H", round))
+			contenders = ls[1:]
+		}
+		ctx, cancel := s.ctx(promptly + slack)
+		gate := make(chan struct{})
+		chs := make([]<-chan result, len(contenders))
+		for i, l := range contenders {
+			ch := make(chan result, 1)
+			chs[i] = ch
+			go func() {
+				<-gate
+				ch <- <-start(ctx, l, false)
+			}()
+		}
+		close(gate)
+		var late []string
+		var gs []holdfast.Grant
+		for i, ch := range chs {
+			r := s.await(ch, promptly+2*slack, fmt.Sprintf("round %d: C%d: Lock", round, i))
+			switch {
+			case r.err != nil:
+				late = append(late, fmt.Sprintf("C%d failed after %v: %v", i, r.took.Round(time.Millisecond), r.err))
+			case r.took > promptly:
+				late = append(late, fmt.Sprintf("C%d granted after %v", i, r.took.Round(time.Millisecond)))
+				gs = append(gs, r.g)
+			default:
+				gs = append(gs, r.g)
+			}
+		}
+		cancel()
+		if len(late) > 0 {
+			s.t.Errorf("round %d (holder in first: %v): %d contenders that fit joined together, want each granted a %s within %v: %s",
+				round, withHolder, len(contenders), what, promptly, strings.Join(late, "; "))
+		}
+		for i, g := range gs {
+			s.unlock(g, fmt.Sprintf("round %d: C%d", round, i))
+		}
+		if gh != nil {
+			s.unlock(gh, fmt.Sprintf("round %d: H", round))
+		}
+		if s.t.Failed() {
+			return
+		}
+	}
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every %s was released: %q", what, ks)
 	}
 }

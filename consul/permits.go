@@ -421,6 +421,57 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	return ops
 }
 
+// roomy reports whether st leaves a permit free for some contender (a
+// Semaphore's permit; an RWMutex's read grant). A transaction that writes
+// such a state reads the subtree after its writes, and its sender passes
+// the free permits on (see passOn).
+func (p *permits) roomy(st permitState) bool { return p.fits(st, false) }
+
+// readAfter is the operation, last in a transaction, that reads the
+// subtree as the transaction's writes left it.
+func (p *permits) readAfter() *api.TxnOp { return kvOp(api.KVGetTree, p.prefix) }
+
+// passOn admits, after a write of ours left permits free, the waiters that
+// now fit: those that joined after the view the write was computed from
+// and before it landed. Such a waiter found a holdfast waiter ahead of it
+// and trusts the write that admits that one to admit it too, or to leave it
+// at the head of a full semaphore (then the next release, whose read comes
+// after our write, hands it a permit). v is the subtree as our write left
+// it. A waiter that joined after our write saw it, and is at the head or
+// behind someone whose admission it watches. Best effort: on an error the
+// waiters re-read after blockWait.
+func (p *permits) passOn(ctx context.Context, v pview) {
+	for attempt := 1; attempt <= maxLeaveAttempts && v.err == nil; attempt++ {
+		st, in := p.admit(v.st, v.waiters)
+		if len(in) == 0 {
+			return
+		}
+		ops := p.writeOps(v, st, in)
+		room := p.roomy(st)
+		if room {
+			ops = append(ops, p.readAfter())
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err := p.s.txn(rctx, ops)
+		cancel()
+		var rb *rollback
+		switch {
+		case err == nil && room:
+			v = p.parse(resp.Results) // admitted; more may fit
+		case errors.As(err, &rb) && !rb.denied():
+			// The lock key or a waiter changed: read again.
+			if !sleep(ctx, backoff(attempt)) {
+				return
+			}
+			if v, err = p.read(ctx); err != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
 // read returns the subtree in one read-only transaction.
 func (p *permits) read(ctx context.Context) (pview, error) {
 	return p.readOps(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
@@ -515,6 +566,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			ops = append(ops, checkSession(p.myKey, p.s.id))
 		}
 		held := len(ops)
+		after := false // read the subtree after the writes, and passOn
 		_, in := v.st.holders[p.s.id]
 		switch {
 		case v.err != nil && in:
@@ -546,11 +598,15 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			} else {
 				ops = append(ops, kvOp(api.KVDelete, p.myKey))
 			}
+			after = p.roomy(st)
 		default:
 			if downgrade {
 				return 0, fmt.Errorf("%w: %s is no longer counted among the holders of %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 			}
 			ops = append(ops, deleteCAS(p.myKey, v.me.ModifyIndex))
+			// A waiter behind us that joined after our read may trust us
+			// to admit it: read after the write, and pass the permits on.
+			after = v.err == nil
 			if others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey }); v.err == nil && len(others) > 0 {
 				// A waiter that leaves passes the baton: it admits the
 				// waiters that now fit (it may have been the head, with
@@ -563,11 +619,18 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				ops = append(ops, p.writeOps(*v, st, admitted)...)
 			}
 		}
+		n := len(ops)
+		if after {
+			ops = append(ops, p.readAfter())
+		}
 		resp, err := p.s.txn(ctx, ops)
+		if err == nil && after && len(resp.Results) >= n {
+			p.passOn(ctx, p.parse(resp.Results))
+		}
 		var rb *rollback
 		switch {
 		case err == nil && downgrade:
-			return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
+			return resp.Results[n-1].KV.ModifyIndex, nil
 		case err == nil && how == leaveRelease && !in:
 			// A holder's entry is pruned only once its key is gone: the
 			// lock key was rewritten or deleted from outside.
@@ -775,15 +838,20 @@ func (a *pacq) try() (uint64, error) {
 	st.holders[p.s.id] = a.exclusive
 	ops := p.writeOps(v, st, nil)
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
-	return a.admitTxn(ops, len(ops)-1, true)
+	return a.admitTxn(ops, len(ops)-1, true, p.roomy(st))
 }
 
 // admitTxn sends ops, which write st to the lock key (their first operation,
 // admitting in) and put our key in its held state (operation mine), and
 // returns the token. A race (the lock key or a waiter changed) is token 0
-// with no error, or ErrLocked if try.
-func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
+// with no error, or ErrLocked if try. If room (st leaves a permit free), the
+// transaction reads the subtree after its writes, and the permits are
+// passed on to the waiters that joined meanwhile (see passOn).
+func (a *pacq) admitTxn(ops api.TxnOps, mine int, try, room bool) (uint64, error) {
 	p := a.p
+	if room {
+		ops = append(ops, p.readAfter())
+	}
 	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
 	defer cancel()
 	a.left = true
@@ -810,6 +878,9 @@ func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
 	ours := resp.Results[mine].KV
 	if ours == nil || ours.Key != p.myKey {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
+	}
+	if room {
+		p.passOn(a.wctx, p.parse(resp.Results))
 	}
 	return ours.ModifyIndex, nil
 }
@@ -878,11 +949,13 @@ func (a *pacq) run() (uint64, error) {
 		}
 		joins = 0
 		if ahead := v.ahead(); len(ahead) > 0 && !v.foreign {
-			// Holdfast waiters are ahead of us: each of them is admitted
-			// by a write to the lock key after we joined, so once we are
-			// the head, every holdfast release that frees a permit hands
-			// it to us, marking our key. Watch our own key (re-reading
-			// every blockWait, which prunes dead holders).
+			// Holdfast waiters are ahead of us: the write that admits
+			// the last of them admits us too if we fit, or passes the
+			// permit on to us after it (passOn: it may have been computed
+			// before we joined); after it, every holdfast release that
+			// frees a permit hands it to us, marking our key. Watch our
+			// own key (re-reading every blockWait, which prunes dead
+			// holders).
 			if token, got, err := a.awaitHandoff(v.me); err != nil || got {
 				return token, err
 			}
@@ -988,7 +1061,7 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}
-	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false)
+	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false, p.roomy(st))
 	return token, token != 0, false, err
 }
 

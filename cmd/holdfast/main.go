@@ -9,6 +9,7 @@
 // Commands:
 //
 //	lock       run a command while holding a lock (or one of N permits)
+//	once       run a command at most once per period across a fleet (cron)
 //	elect      run a command while leader of an election, or watch an election
 //	status     show who holds and who waits for a lock, a semaphore or an election
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
@@ -81,7 +82,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
+	commands = []*command{lockCommand, onceCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
 }
 
 func main() {

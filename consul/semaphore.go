@@ -65,7 +65,7 @@ import (
 // every permit admitted before them once one of them has written.
 //
 // Clients that disagree on the limit: Lock and TryLock fail with an error
-// wrapping holdfast.ErrConflict that names both limits (as api.Semaphore's
+// wrapping holdfast.ErrLimitMismatch (an ErrConflict) that names both limits (as api.Semaphore's
 // "semaphore limit conflict"), and leave nothing behind. A lock key with
 // other flags (a Mutex's or api.Lock's, an RWMutex's) or a value that is not
 // a semaphore's is an error wrapping holdfast.ErrConflict, and is never

@@ -15,8 +15,8 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 	"github.com/holdfast/holdfast/etcd"
-	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }

@@ -106,6 +106,10 @@ var brokenFakes = []struct {
 	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
 	{bugClaimToldLate, []string{"ClaimAtMost"}},
 	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
+
+	{bugMultiNoOrder, []string{"MultiNoDeadlock"}},
+	{bugMultiKeepsParts, []string{"MultiCancel"}},
+	{bugMultiIgnoresParts, []string{"MultiLoss"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -222,7 +226,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election", "Claim"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim", "Multi"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -240,4 +244,5 @@ var allSubtests = []string{
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
 }

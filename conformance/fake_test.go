@@ -144,9 +144,10 @@ func (st *fakeStore) backend() conformance.Backend {
 			l, f := st.newLocker(t, name, kindElect, 0, nil)
 			return fakeElection{l}, f
 		},
-		ObserveAll: true,
-		NewClaimer: st.newClaimer,
-		ClaimFree:  time.Second,
+		ObserveAll:     true,
+		NewClaimer:     st.newClaimer,
+		NewMultiLocker: st.newMultiLocker,
+		ClaimFree:      time.Second,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()

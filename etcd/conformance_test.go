@@ -106,6 +106,16 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			}
 			return conformance.AsClaimer[*etcd.Claim](o), f
 		},
+		NewMultiLocker: func(t *testing.T) (func(names ...string) (conformance.MultiLocker, error), conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			return func(names ...string) (conformance.MultiLocker, error) {
+				m, err := etcd.NewMultiMutex(s, names...)
+				if err != nil {
+					return nil, err
+				}
+				return conformance.AsMultiLocker[*etcd.MultiGrant](m), nil
+			}, f
+		},
 		// Leases are checked for expiry every 500 ms, and the lease that
 		// keeps a released claim until AtLeast is at least 2 s (etcd's
 		// shortest).

@@ -125,7 +125,9 @@ consul lock).`,
 					ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 					defer stop()
 				}
-				return runFn(context.WithValue(ctx, dashKey{}, cmd.ArgsLenAtDash()), e, args)
+				ctx = context.WithValue(ctx, dashKey{}, cmd.ArgsLenAtDash())
+				ctx = context.WithValue(ctx, changedKey{}, cmd.Flags().Changed)
+				return runFn(ctx, e, args)
 			},
 		}
 		cc.Flags().AddGoFlagSet(fs)
@@ -168,6 +170,17 @@ func argsBeforeDash(ctx context.Context) int {
 		return n
 	}
 	return -1
+}
+
+// changedKey is the context key of a func reporting whether a flag was
+// given on the command line.
+type changedKey struct{}
+
+// flagGiven reports whether the flag called name was given on the command
+// line (not merely left at its default).
+func flagGiven(ctx context.Context, name string) bool {
+	changed, ok := ctx.Value(changedKey{}).(func(string) bool)
+	return ok && changed(name)
 }
 
 // splitUsage turns a command's usage text into cobra's Use line and Long

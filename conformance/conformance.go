@@ -78,6 +78,13 @@ type Backend struct {
 	// AtLeast (a released claim) the store may keep a claim: lease or
 	// session expiry granularity.
 	ClaimFree time.Duration
+
+	// NewMultiLocker, if set, returns a function that makes multi-name
+	// locks (of the names given, in any order) on one new session of its
+	// own, and that session's faults. The Multi* properties run only if it
+	// is set; MultiNoDeadlock runs for MultiRun (zero: 5 s).
+	NewMultiLocker func(t *testing.T) (func(names ...string) (MultiLocker, error), Faults)
+	MultiRun       time.Duration
 }
 
 // RWLocker is a read-write lock as the suite drives it: Lock and TryLock
@@ -158,6 +165,7 @@ const (
 	needsRWMutex   = "NewRWMutex"
 	needsElection  = "NewElection"
 	needsClaimer   = "NewClaimer"
+	needsMulti     = "NewMultiLocker"
 )
 
 // subtests is the suite, in the order Run runs it.
@@ -206,6 +214,10 @@ var subtests = []subtest{
 	{"ClaimOnce", testClaimOnce, needsClaimer},
 	{"ClaimAtMost", testClaimAtMost, needsClaimer},
 	{"ClaimTicks", testClaimTicks, needsClaimer},
+
+	{"MultiNoDeadlock", testMultiNoDeadlock, needsMulti},
+	{"MultiCancel", testMultiCancel, needsMulti},
+	{"MultiLoss", testMultiLoss, needsMulti},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a
@@ -238,6 +250,7 @@ func Run(t *testing.T, b Backend) {
 		needsRWMutex:   b.NewRWMutex != nil,
 		needsElection:  b.NewElection != nil,
 		needsClaimer:   b.NewClaimer != nil,
+		needsMulti:     b.NewMultiLocker != nil,
 	}
 	left := map[string][]string{}
 	for _, st := range subtests {
@@ -245,7 +258,7 @@ func Run(t *testing.T, b Backend) {
 			left[st.needs] = append(left[st.needs], st.name)
 		}
 	}
-	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer} {
+	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer, needsMulti} {
 		if len(left[needs]) > 0 {
 			t.Logf("conformance: Backend.%s is nil: not running %s", needs, strings.Join(left[needs], ", "))
 		}

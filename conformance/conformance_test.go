@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/conformance"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 const (
@@ -102,6 +102,16 @@ var brokenFakes = []struct {
 	{bugObserveSkips, []string{"ElectionObserve"}},
 	{bugObserveNoNone, []string{"ElectionObserve"}},
 	{bugObserveGhost, []string{"ElectionObserveWinners"}},
+
+	{bugClaimTwice, []string{"ClaimOnce", "ClaimTicks"}},
+	{bugClaimQueues, []string{"ClaimOnce"}},
+	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
+	{bugClaimToldLate, []string{"ClaimAtMost"}},
+	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
+
+	{bugMultiNoOrder, []string{"MultiNoDeadlock"}},
+	{bugMultiKeepsParts, []string{"MultiCancel"}},
+	{bugMultiIgnoresParts, []string{"MultiLoss"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -218,7 +228,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim", "Multi"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -235,4 +245,6 @@ var allSubtests = []string{
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
 }

@@ -146,7 +146,10 @@ func (st *fakeStore) backend() conformance.Backend {
 			l, f := st.newLocker(t, name, kindElect, 0, nil)
 			return fakeElection{l}, f
 		},
-		ObserveAll: true,
+		ObserveAll:     true,
+		NewClaimer:     st.newClaimer,
+		NewMultiLocker: st.newMultiLocker,
+		ClaimFree:      time.Second,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()

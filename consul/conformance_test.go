@@ -105,6 +105,16 @@ func TestConformance(t *testing.T) {
 			}
 			return conformance.AsClaimer[*Claim](o), f
 		},
+		NewMultiLocker: func(t *testing.T) (func(names ...string) (conformance.MultiLocker, error), conformance.Faults) {
+			s, f := session(t)
+			return func(names ...string) (conformance.MultiLocker, error) {
+				m, err := NewMultiMutex(s, names...)
+				if err != nil {
+					return nil, err
+				}
+				return conformance.AsMultiLocker[*MultiGrant](m), nil
+			}, f
+		},
 		// AtMost is Consul's floor (2 x MinTTL); Consul invalidates the
 		// claim session by 2 x TTL = AtMost, give or take its timer.
 		ClaimSchedule: holdfast.Schedule{Every: 5 * time.Second, AtLeast: 2 * time.Second, AtMost: 2 * MinTTL},

@@ -195,7 +195,7 @@ func (p *permits) decode(lock *api.KVPair) (permitState, error) {
 	case err != nil:
 		return permitState{}, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
 	case !p.rw() && st.limit != p.limit:
-		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrConflict, p.name, st.limit, p.limit)
+		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit)
 	}
 	return st, nil
 }

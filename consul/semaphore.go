@@ -50,10 +50,11 @@ import (
 // deletion it admits the waiters that now fit and writes the lock key (so
 // that a release from an older read fails its CAS and reads again). A join
 // abandoned on the way that lands after the cleanup is removed by the
-// session a little later (see Lock). Measured with limit 4, 32 contenders and no hold time (see
-// TestSemaphoreVersusAPI): about 6.5 HTTP requests per acquisition, every
-// blocking query included, against about 55 for api.Semaphore, whose
-// waiters all wake on every change.
+// session a little later (see Lock). Measured with limit 4 and no hold
+// time (docs/BENCHMARKS.md, the full run): 5.2 HTTP requests per
+// acquisition at 8 contenders and 5.4 at 32, every blocking query included,
+// against 23 and 53 for api.Semaphore, whose waiters all wake on every
+// change (TestSemaphoreVersusAPI fails above 8).
 //
 // The token of a permit is the ModifyIndex of the lock-key write that
 // admitted it (the contender key is written in that same transaction, so
@@ -66,7 +67,7 @@ import (
 // every permit admitted before them once one of them has written.
 //
 // Clients that disagree on the limit: Lock and TryLock fail with an error
-// wrapping holdfast.ErrConflict that names both limits (as api.Semaphore's
+// wrapping holdfast.ErrLimitMismatch (an ErrConflict) that names both limits (as api.Semaphore's
 // "semaphore limit conflict"), and leave nothing behind. A lock key with
 // other flags (a Mutex's or api.Lock's, an RWMutex's) or a value that is not
 // a semaphore's is an error wrapping holdfast.ErrConflict, and is never

@@ -183,8 +183,8 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	other := newSemaphore(t, newSession(t, c), name, 3)
 	for _, f := range []func(context.Context) (*Grant, error){other.Lock, other.TryLock} {
 		_, err := f(ctx)
-		if !errors.Is(err, holdfast.ErrConflict) || !strings.Contains(err.Error(), "limit 2") || !strings.Contains(err.Error(), "is 3") {
-			t.Fatalf("limit 3 against a stored limit 2: %v, want ErrConflict naming both", err)
+		if !errors.Is(err, holdfast.ErrConflict) || !errors.Is(err, holdfast.ErrLimitMismatch) || !strings.Contains(err.Error(), "limit 2") || !strings.Contains(err.Error(), "is 3") {
+			t.Fatalf("limit 3 against a stored limit 2: %v, want ErrLimitMismatch (an ErrConflict) naming both", err)
 		}
 		t.Log(err)
 		if after := keys(t, c, name); strings.Join(after, ",") != strings.Join(before, ",") {

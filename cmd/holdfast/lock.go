@@ -84,11 +84,15 @@ outlive the grant; see the README for what remains.
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
                   0 with --child-exit-code=false
-  2               bad usage
+  2               a usage or input error, found before any request: a bad
+                  flag or argument, a missing or invalid NAME, a TTL out of
+                  the store's range, a flag of the other store
   122             the lock was lost while CMD ran; CMD was stopped
-  124             not acquired: --timeout elapsed, or --try found it held
-  125             holdfast failed (store unreachable or silent within
-                  --timeout, or --try's bound; refused)
+  124             not acquired: --timeout elapsed while waiting, or --try
+                  found it held
+  125             holdfast failed once it went to the store: unreachable or
+                  silent within --timeout (or --try's bound), refused
+                  (permission, another kind of lock, a limit mismatch)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,
@@ -102,7 +106,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	return func(ctx context.Context, e *env, args []string) error {
-		name, argv, err := splitCommand(args)
+		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
 			return err
 		}
@@ -115,7 +119,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--kill-grace %v is negative", *grace)
 		}
 		if err := holdfast.ValidateName(name); err != nil {
-			return usagef("%v", err)
+			return explain(err, name, "")
 		}
 		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try}
 		if *permits > 1 {
@@ -150,17 +154,21 @@ const tryBound = 2 * time.Second
 var errTimeout = errors.New("timed out waiting")
 
 // splitCommand splits the positional arguments "NAME CMD [ARGS...]" (the
-// flags, before or after NAME, and the "--" before CMD are taken by the
-// parser; "--" is needed only when CMD has options of its own).
-func splitCommand(args []string) (name string, argv []string, err error) {
-	if len(args) == 0 {
-		return "", nil, usagef("missing NAME and command")
+// flags, before or after NAME, are taken by the parser; "--" before CMD is
+// needed only when CMD has options of its own).
+func splitCommand(ctx context.Context, args []string) (name string, argv []string, err error) {
+	dash := argsBeforeDash(ctx)
+	switch {
+	case len(args) == 0:
+		return "", nil, usagef("missing NAME and the command to run")
+	case dash == 0:
+		return "", nil, usagef("missing NAME before -- %s", args[0])
+	case dash > 1:
+		return "", nil, usagef("one NAME before --, got %d arguments: %q", dash, args[:dash])
+	case len(args) == 1:
+		return "", nil, usagef("missing the command to run after NAME %s", args[0])
 	}
-	name, argv = args[0], args[1:]
-	if len(argv) == 0 {
-		return "", nil, usagef("missing the command to run after NAME")
-	}
-	return name, argv, nil
+	return args[0], args[1:], nil
 }
 
 // runner runs a command under a grant.
@@ -218,7 +226,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 				return err
 			}); err != nil {
 				if got == nil && timedOut() {
-					err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+					err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 				}
 				break
 			}
@@ -230,7 +238,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		})
 		if err != nil && got == nil && timedOut() {
 			if r.try {
-				err = exitError{exitFailed, fmt.Errorf("%s: %s did not answer within %v: %w", name, sf.describe(), r.bound, err)}
+				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 			} else {
 				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
 			}
@@ -256,20 +264,10 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		}
 		return err
 	}
-	var ue usageError
-	var ee exitError
-	switch {
-	case errors.As(err, &ue), errors.As(err, &ee):
-		return err
-	case got != nil:
+	if got != nil {
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
-	case errors.Is(err, holdfast.ErrLocked):
-		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-	case errors.Is(err, errTimeout):
-		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-	default:
-		return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
 	}
+	return explain(err, name, sf.describe())
 }
 
 // waitFor runs fn under a context that a stop signal (see stopSignals)

@@ -63,7 +63,7 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	claimedExit := fs.Int("claimed-exit", 0, "exit status when the period is already claimed and CMD does not run")
 	return func(ctx context.Context, e *env, args []string) error {
-		name, argv, err := splitCommand(args)
+		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
 			return err
 		}

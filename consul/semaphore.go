@@ -14,67 +14,21 @@ import (
 // Semaphore is a distributed counting semaphore on Consul: at most Limit
 // sessions hold a permit at once. It is fair (first come, first served
 // among holdfast contenders), fenced, and wire-compatible with api.Semaphore
-// and `consul lock -n N <name> cmd`, which share its permits.
+// and `consul lock -n N <name> cmd`, which share its permits: contender keys
+// "<name>/<session ID>" acquired with the session, and "<name>/.lock"
+// holding {"Limit":N,"Holders":{...}} (see docs/DESIGN.md for the
+// algorithm).
 //
-// Layout (api.Semaphore's, with prefix = name): each contender holds the key
-// "<name>/<session ID>", acquired with its session and flagged
-// api.SemaphoreFlagValue; the key "<name>/.lock", with the same flags and no
-// session, holds {"Limit":N,"Holders":{"<session ID>":true,...}} and is
-// updated by CAS on its ModifyIndex. A holder whose session holds no key
-// under "<name>/" any more is dead and is pruned by the next write. holdfast
-// contender keys have the value "holdfast" while they wait and "holdfast
-// held" once admitted (api.Semaphore ignores contender values); a foreign
-// contender is one with any other value.
+// A permit's token is the ModifyIndex of the lock-key write that admitted
+// it. Tokens of successive admissions strictly increase, but permits
+// admitted by one write share its index: a fence that accepts tokens at
+// least the highest it has seen accepts them all.
 //
-// Algorithm. A contender creates its key and reads the subtree in one
-// transaction; holdfast waiters queue by the keys' CreateIndex (first come,
-// first served). On Unlock, a holdfast holder reads the subtree and, in one
-// transaction guarded by a check-session of its own key, CASes the lock key
-// to replace itself by the waiters at the head of the queue that then fit
-// (one, for a semaphore), CASes each admitted waiter's key to "holdfast
-// held" (so its ModifyIndex is the token), and deletes its own key; with
-// nobody waiting it only removes itself, and deletes the lock key when no
-// holder is left. So a waiter simply watches its own key (one blocking
-// query; one wakes per release), and re-reads every 5 s, which prunes dead
-// holders. Only the head of the queue acts itself: if it finds room (a
-// foreign release, a dead holder, a fresh semaphore), it admits itself and
-// the waiters behind it that fit, with the same CASes; and until a write of
-// the lock key made after it joined guarantees that every later release
-// reads it as the head, it watches the lock key. Foreign contenders
-// (api.Semaphore) do not queue and hand nothing over: they take a permit
-// when they find room; while one is about, holdfast waiters watch the
-// waiter just ahead of them and the head watches the lock key, so nobody
-// waits for a foreign contender in a way that could deadlock. A release
-// that loses a CAS race reads again after a random pause of a few
-// milliseconds. A waiter that gives up passes the baton: with its key's
-// deletion it admits the waiters that now fit and writes the lock key (so
-// that a release from an older read fails its CAS and reads again). A join
-// abandoned on the way that lands after the cleanup is removed by the
-// session a little later (see Lock). Measured with limit 4 and no hold
-// time (docs/BENCHMARKS.md, the full run): 5.2 HTTP requests per
-// acquisition at 8 contenders and 5.4 at 32, every blocking query included,
-// against 23 and 53 for api.Semaphore, whose waiters all wake on every
-// change (TestSemaphoreVersusAPI fails above 8).
-//
-// The token of a permit is the ModifyIndex of the lock-key write that
-// admitted it (the contender key is written in that same transaction, so
-// it has that index). Tokens of successive admitting writes strictly
-// increase, but the permits one write admits together (a release that
-// frees room for several waiters, a head that admits the waiters behind it
-// that fit) share its index: with limit N, up to N permits are valid at
-// once, some of them possibly with equal tokens. A fence that accepts a
-// token at least the highest it has seen accepts all of them, and refuses
-// every permit admitted before them once one of them has written.
-//
-// Clients that disagree on the limit: Lock and TryLock fail with an error
-// wrapping holdfast.ErrLimitMismatch (an ErrConflict) that names both limits (as api.Semaphore's
-// "semaphore limit conflict"), and leave nothing behind. A lock key with
-// other flags (a Mutex's or api.Lock's, an RWMutex's) or a value that is not
-// a semaphore's is an error wrapping holdfast.ErrConflict, and is never
-// overwritten; so are keys of a longer name under "<name>/".
-//
-// One permit per session per name at a time: concurrent Lock calls of one
-// Session on the same name take turns in-process, as for Mutex.
+// Clients that disagree on the limit fail with an error wrapping
+// holdfast.ErrConflict that names both limits, and leave nothing behind; so
+// does a lock key of another kind, or keys of a longer name under
+// "<name>/". One permit per session per name at a time: concurrent Lock
+// calls of one Session on the same name take turns in-process.
 type Semaphore struct {
 	p       *permits
 	reentry core.Reentry[*Grant]

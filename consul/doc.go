@@ -61,11 +61,12 @@
 // hands its permit to the head of the queue in the same CAS of the lock key
 // that removes it, and marks the new holder's key, which that waiter
 // watches; only the head (and only when a foreign contender is about, or it
-// joined a full semaphore) watches the lock key. Measured with limit 4, 32
-// contenders and no hold time: about 6.5 HTTP requests per acquisition,
-// blocking queries included (api.Semaphore: about 55), and 6 to 9 times
-// api.Semaphore's acquisitions per second (TestSemaphoreVersusAPI). A
-// client with another limit gets holdfast.ErrConflict naming both.
+// joined a full semaphore) watches the lock key. Measured with limit 4 and
+// no hold time (docs/BENCHMARKS.md, the full run): 5.2 HTTP requests per
+// acquisition at 8 contenders and 5.4 at 32, blocking queries included
+// (api.Semaphore: 23 and 53), and 2.4 and 5.7 times api.Semaphore's
+// acquisitions per second; TestSemaphoreVersusAPI fails above 8. A client
+// with another limit gets holdfast.ErrConflict naming both.
 //
 // An [RWMutex] (readers share, a writer excludes everyone, FIFO, and
 // [RWMutex.Downgrade] from write to read without a gap) has no native Consul

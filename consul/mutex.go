@@ -128,11 +128,14 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
+	if err := m.s.alive(); err != nil {
+		return nil, err
 	}
 	if g, ok := m.reentry.Enter(); ok {
 		return g, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
 	}
 	end, err := m.s.begin()
 	if err != nil {
@@ -200,18 +203,18 @@ func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*G
 	return g, nil
 }
 
-// fail picks the error a failed acquisition returns: the caller's context
-// error if it ended the call, the session's cause if the session did, err
-// otherwise.
+// fail picks the error a failed acquisition returns: the session's cause if
+// the session ended, else the caller's context error if it ended the call,
+// err otherwise (etcd's order).
 func (a *acquisition) fail(err error) error {
 	if a.wctx.Err() == nil {
 		return err
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.m.name, cerr)
-	}
 	if serr := a.m.s.alive(); serr != nil {
 		return serr
+	}
+	if cerr := a.ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", a.m.name, cerr)
 	}
 	return err
 }

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -45,9 +44,8 @@ const (
 	valWrite    = "holdfast write" // an RWMutex's waiting writer
 	valHeld     = "holdfast held"
 	valHeldNext = "holdfast held+next"
-	// valDowngraded is an RWMutex's key after Downgrade: a write that
-	// leaves a key's value as it was does not move its ModifyIndex, and the
-	// read grant's token is the index of the downgrade's write.
+	// valDowngraded is an RWMutex's key after Downgrade (the read grant
+	// keeps the write grant's token).
 	valDowngraded = "holdfast held, downgraded"
 )
 
@@ -521,8 +519,7 @@ const (
 type permitHold struct {
 	p         *permits
 	exclusive bool
-	free      func()      // frees the name in-process; moved to the read grant on Downgrade
-	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
+	free      func() // frees the name in-process; passed to the read grant on Downgrade
 }
 
 // leave is a release or a cleanup: it removes us from the holders (handing
@@ -654,7 +651,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
 	h := &permitHold{p: p, exclusive: exclusive, free: free}
 	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
@@ -662,29 +659,14 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-func (h *permitHold) done() {
-	if !h.moved.Load() {
-		h.free()
-	}
-}
-
 // releasePermit is a permit's release (see core.NewGrant): after Unlock, a
 // leave from the view the grant last had (then from reads); after a loss,
 // one leave from a read, which does nothing if our session no longer holds
 // the key.
 func (g *Grant) releasePermit(ctx context.Context) error {
-	h := g.permit
-	if h.moved.Load() {
-		return nil
-	}
-	var err error
-	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
-		if errors.Is(err, holdfast.ErrNotHeld) {
-			g.s.checkSoon()
-		}
-	} else {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
+	_, err := g.permit.p.leave(ctx, nil, leaveRelease)
+	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		g.s.checkSoon() // an Unlock found the key taken: look at the others
 	}
 	if err == nil || core.Final(err) {
 		g.s.forget(g)
@@ -708,10 +690,13 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
+	s := p.s
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", p.name, err)
 	}
-	s := p.s
 	end, err := s.begin()
 	if err != nil {
 		return nil, err
@@ -742,13 +727,7 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			free()
 			return nil, a.fail(err)
 		}
-		done := s.cleanUp(leftover{name: p.name, fn: func(ctx context.Context) error {
-			_, err := p.leave(ctx, nil, leaveCleanup)
-			if errors.Is(err, holdfast.ErrNotHeld) {
-				return nil // our session no longer holds the key: nothing to remove
-			}
-			return err
-		}}, free)
+		done := s.cleanUp(p.leftover(), free)
 		if a.uncertain {
 			p.sweepLater()
 		}
@@ -769,6 +748,18 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 		g.base.Observed(p.name, start)
 	}
 	return g, err
+}
+
+// leftover is the cleanup of what a failed acquisition or Downgrade may
+// have left: our key, and our place among the holders.
+func (p *permits) leftover() leftover {
+	return leftover{name: p.name, fn: func(ctx context.Context) error {
+		_, err := p.leave(ctx, nil, leaveCleanup)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			return nil // our session no longer holds the key: nothing to remove
+		}
+		return err
+	}}
 }
 
 // sweepDelays are when, after a failed acquisition whose join or admission
@@ -807,11 +798,11 @@ func (a *pacq) fail(err error) error {
 	if a.wctx.Err() == nil {
 		return err
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.p.name, cerr)
-	}
 	if serr := a.p.s.alive(); serr != nil {
 		return serr
+	}
+	if cerr := a.ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", a.p.name, cerr)
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
 )
 
@@ -49,10 +50,11 @@ import (
 // deletion it admits the waiters that now fit and writes the lock key (so
 // that a release from an older read fails its CAS and reads again). A join
 // abandoned on the way that lands after the cleanup is removed by the
-// session a little later (see Lock). Measured with limit 4, 32 contenders and no hold time (see
-// TestSemaphoreVersusAPI): about 6.5 HTTP requests per acquisition, every
-// blocking query included, against about 55 for api.Semaphore, whose
-// waiters all wake on every change.
+// session a little later (see Lock). Measured with limit 4 and no hold
+// time (docs/BENCHMARKS.md, the full run): 5.2 HTTP requests per
+// acquisition at 8 contenders and 5.4 at 32, every blocking query included,
+// against 23 and 53 for api.Semaphore, whose waiters all wake on every
+// change (TestSemaphoreVersusAPI fails above 8).
 //
 // The token of a permit is the ModifyIndex of the lock-key write that
 // admitted it (the contender key is written in that same transaction, so
@@ -74,7 +76,8 @@ import (
 // One permit per session per name at a time: concurrent Lock calls of one
 // Session on the same name take turns in-process, as for Mutex.
 type Semaphore struct {
-	p *permits
+	p       *permits
+	reentry core.Reentry[*Grant]
 }
 
 var _ holdfast.GrantLocker[*Grant] = (*Semaphore)(nil)
@@ -86,8 +89,9 @@ const SemaphoreFlagValue uint64 = api.SemaphoreFlagValue
 // NewSemaphore returns the semaphore called name (api.Semaphore's prefix)
 // with the given limit, used through session s. The name follows
 // holdfast.ValidateName; limit < 1 is an error wrapping
-// holdfast.ErrInvalidArgument. No request is made. Options: none apply yet
-// (holdfast.WithReentrant is refused with holdfast.ErrInvalidArgument).
+// holdfast.ErrInvalidArgument. No request is made. Options:
+// holdfast.WithReentrant (a Lock through a Semaphore that holds a permit
+// returns that permit again, as for Mutex).
 func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOption) (*Semaphore, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
@@ -98,13 +102,13 @@ func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOptio
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: semaphore limit %d; it must be at least 1", holdfast.ErrInvalidArgument, limit)
 	}
-	if err := noReentry(opts); err != nil {
-		return nil, err
-	}
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	return &Semaphore{p: newPermits(s, "semaphore", name, SemaphoreFlagValue, limit)}, nil
+	return &Semaphore{
+		p:       newPermits(s, "semaphore", name, SemaphoreFlagValue, limit),
+		reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant},
+	}, nil
 }
 
 // Name returns the semaphore's name (api.Semaphore's prefix).
@@ -124,22 +128,37 @@ func (m *Semaphore) Limit() int { return m.p.limit }
 // later (while no call of its own uses the name) and removes a request of
 // ours that landed late. An error wraps holdfast.ErrConflict if the
 // name is not this semaphore's (see Semaphore).
-func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
-	return m.p.acquire(ctx, false, false)
-}
+func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
 
 // TryLock takes a permit only if one is free and no holdfast contender
 // waits, with one read and one transaction; otherwise it returns an error
 // wrapping holdfast.ErrLocked after the read, having written nothing.
-func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) {
-	return m.p.acquire(ctx, false, true)
+func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
+
+// lock is Lock and TryLock: a reentrant hold if the option allows one,
+// after the checks of the arguments and the session (etcd's order).
+func (m *Semaphore) lock(ctx context.Context, try bool) (*Grant, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := m.p.s.alive(); err != nil {
+		return nil, err
+	}
+	if g, ok := m.reentry.Enter(); ok {
+		return g, nil
+	}
+	g, err := m.p.acquire(ctx, false, try)
+	if err == nil {
+		m.reentry.Remember(g, g.base)
+	}
+	return g, err
 }
 
-// noReentry refuses holdfast.WithReentrant, which semaphores and read-write
-// locks do not support.
+// noReentry refuses holdfast.WithReentrant, which read-write locks do not
+// support (on etcd either).
 func noReentry(opts []holdfast.LockOption) error {
 	if options.ApplyLock(opts).Reentrant {
-		return fmt.Errorf("%w: holdfast.WithReentrant applies to Mutex only", holdfast.ErrInvalidArgument)
+		return fmt.Errorf("%w: a read-write lock is not reentrant", holdfast.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -50,6 +50,11 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	jsonOut := fs.Bool("json", false, "with --observe: one JSON object per change")
 	return func(ctx context.Context, e *env, args []string) error {
 		if *observe {
+			for _, f := range []string{"value", "loop", "kill-grace", "child-exit-code"} {
+				if flagGiven(ctx, f) {
+					return usagef("--observe watches the election: --%s applies to campaigning only", f)
+				}
+			}
 			if len(args) != 1 {
 				return usagef("--observe takes exactly one NAME (and no command)")
 			}
@@ -63,8 +68,8 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		switch {
-		case *observe || *jsonOut:
-			return usagef("--observe and --json go before NAME, without a command")
+		case *jsonOut:
+			return usagef("--json applies to --observe only")
 		case *value == "":
 			return usagef("--value is required to campaign")
 		case *grace < 0:

@@ -8,15 +8,15 @@
 //
 // Commands:
 //
-//	lock       run a command while holding a lock (or one of N permits)
+//	lock       run a command while holding a lock
 //	once       run a command at most once per period across a fleet (cron)
 //	elect      run a command while leader of an election, or watch an election
-//	status     show who holds and who waits for a lock, a semaphore or an election
+//	status     show who holds and who waits for a lock, a semaphore, a read-write lock or an election
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo       show fencing at work: a paused holder's stale write is rejected
 //	bench      benchmark holdfast's locks against the stores' native recipes
 //	soak       run the safety suite under injected faults for as long as asked
-//	version    print the version
+//	version    print holdfast's version and the versions it was built with
 //	completion generate a shell completion script (bash, zsh, fish, powershell)
 //	help       show help for a command
 //
@@ -125,7 +125,9 @@ consul lock).`,
 					ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 					defer stop()
 				}
-				return runFn(context.WithValue(ctx, dashKey{}, cmd.ArgsLenAtDash()), e, args)
+				ctx = context.WithValue(ctx, dashKey{}, cmd.ArgsLenAtDash())
+				ctx = context.WithValue(ctx, changedKey{}, cmd.Flags().Changed)
+				return runFn(ctx, e, args)
 			},
 		}
 		cc.Flags().AddGoFlagSet(fs)
@@ -168,6 +170,17 @@ func argsBeforeDash(ctx context.Context) int {
 		return n
 	}
 	return -1
+}
+
+// changedKey is the context key of a func reporting whether a flag was
+// given on the command line.
+type changedKey struct{}
+
+// flagGiven reports whether the flag called name was given on the command
+// line (not merely left at its default).
+func flagGiven(ctx context.Context, name string) bool {
+	changed, ok := ctx.Value(changedKey{}).(func(string) bool)
+	return ok && changed(name)
 }
 
 // splitUsage turns a command's usage text into cobra's Use line and Long

@@ -73,7 +73,7 @@ var brokenFakes = []struct {
 	{bugUnguardedUnlock, []string{"LossNotice", "DoubleUnlock", "Reentrancy"}},
 	{bugLossCleanupUnguarded, []string{"DeletedKey"}},
 	{bugStaleUnlockByName, []string{"DeletedKey"}},
-	{bugReentrantIgnored, []string{"Reentrancy"}},
+	{bugReentrantIgnored, []string{"Reentrancy", "SemaphoreReentrancy"}},
 	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
 	{bugGrantFromDeadSession, []string{"SessionClose"}},
 	{bugCloseCause, []string{"SessionClose"}},
@@ -89,6 +89,8 @@ var brokenFakes = []struct {
 	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
 	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
 	{bugLateAdmission, []string{"SemaphorePromptAdmission", "RWPromptAdmission"}},
+	{bugDowngradeNewToken, []string{"RWDowngrade"}},
+	{bugDowngradeKeepsWrite, []string{"RWDowngrade"}},
 	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
 	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
 	{bugRWReadersExclusive, []string{"RWReadersShare"}},
@@ -106,6 +108,10 @@ var brokenFakes = []struct {
 	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
 	{bugClaimToldLate, []string{"ClaimAtMost"}},
 	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
+
+	{bugMultiNoOrder, []string{"MultiNoDeadlock"}},
+	{bugMultiKeepsParts, []string{"MultiCancel"}},
+	{bugMultiIgnoresParts, []string{"MultiLoss"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -222,7 +228,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election", "Claim"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim", "Multi"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -236,8 +242,9 @@ var allSubtests = []string{
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
-	"SemaphorePromptAdmission",
-	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission",
+	"SemaphorePromptAdmission", "SemaphoreReentrancy",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
 	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
 }

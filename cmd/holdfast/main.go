@@ -8,15 +8,15 @@
 //
 // Commands:
 //
-//	lock       run a command while holding a lock (or one of N permits)
+//	lock       run a command while holding a lock
 //	once       run a command at most once per period across a fleet (cron)
 //	elect      run a command while leader of an election, or watch an election
-//	status     show who holds and who waits for a lock, a semaphore or an election
+//	status     show who holds and who waits for a lock, a semaphore, a read-write lock or an election
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo       show fencing at work: a paused holder's stale write is rejected
 //	bench      benchmark holdfast's locks against the stores' native recipes
 //	soak       run the safety suite under injected faults for as long as asked
-//	version    print the version
+//	version    print holdfast's version and the versions it was built with
 //	completion generate a shell completion script (bash, zsh, fish, powershell)
 //	help       show help for a command
 //

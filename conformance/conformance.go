@@ -48,9 +48,9 @@ type Backend struct {
 
 	// NewSemaphore, if set, returns a counting semaphore called name that
 	// admits limit holders at once, on a new session of its own (one permit
-	// per session, as for NewLocker), and its faults. Its grants are
-	// permits. The Semaphore* properties run only if it is set.
-	NewSemaphore func(t *testing.T, name string, limit int) (holdfast.Locker, Faults)
+	// per session, as for NewLocker), with opts, and its faults. Its grants
+	// are permits. The Semaphore* properties run only if it is set.
+	NewSemaphore func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, Faults)
 
 	// NewRWMutex, if set, returns a read-write lock called name on a new
 	// session of its own, and its faults. The RW* properties run only if
@@ -98,6 +98,11 @@ type RWLocker interface {
 	// it, and returns an error wrapping holdfast.ErrLocked at once
 	// otherwise.
 	TryRLock(ctx context.Context) (holdfast.Grant, error)
+	// Downgrade turns w, a write grant of this lock, into a read grant
+	// with w's key and token, letting in the readers queued at the head
+	// and no writer. w ends (cause holdfast.ErrReleased) whether or not it
+	// succeeds; if w is not held, the error wraps holdfast.ErrNotHeld.
+	Downgrade(ctx context.Context, w holdfast.Grant) (holdfast.Grant, error)
 }
 
 // Faults act on one locker's session and its connection to the store.
@@ -189,6 +194,7 @@ var subtests = []subtest{
 	{"SemaphoreCancelCleanup", testSemaphoreCancelCleanup, needsSemaphore},
 	{"SemaphoreLimitMismatch", testSemaphoreLimitMismatch, needsSemaphore},
 	{"SemaphorePromptAdmission", testSemaphorePromptAdmission, needsSemaphore},
+	{"SemaphoreReentrancy", testSemaphoreReentrancy, needsSemaphore},
 
 	{"RWExclusion", testRWExclusion, needsRWMutex},
 	{"RWReadersShare", testRWReadersShare, needsRWMutex},
@@ -196,6 +202,7 @@ var subtests = []subtest{
 	{"RWCancelCleanup", testRWCancelCleanup, needsRWMutex},
 	{"RWTokens", testRWTokens, needsRWMutex},
 	{"RWPromptAdmission", testRWPromptAdmission, needsRWMutex},
+	{"RWDowngrade", testRWDowngrade, needsRWMutex},
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},

@@ -55,21 +55,23 @@ const (
 	bugHerd                 = "herd"                    // every waiter re-reads the queue on every change
 	bugLeakGoroutine        = "leak-goroutine"          // every grant starts a watcher goroutine that never ends
 
-	bugSemOverAdmit       = "sem-over-admission"      // a semaphore admits limit+1 holders
-	bugSemMismatchIgnored = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
-	bugSemDeadHolderKept  = "sem-dead-holder-kept"    // a killed session's permit is never given back
-	bugRWWriterBesideRead = "rw-writer-beside-reader" // a writer is admitted while readers hold
-	bugLateAdmission      = "late-admission"          // a permit (or read grant) asked for while one is held waits for a release, though it fits
-	bugRWReaderBarges     = "rw-reader-barges"        // a reader passes a queued writer while readers hold
-	bugRWReadersExclusive = "rw-readers-exclusive"    // readers do not share
-	bugElectTwoLeaders    = "election-two-leaders"    // two candidates lead at once
-	bugElectTermsDecrease = "election-terms-decrease" // each term is lower than the last
-	bugElectToldLate      = "election-told-late"      // a resigning leader's context ends after its key is gone
-	bugLeaderNoError      = "leader-no-error"         // Leader returns the zero Leader and nil when nobody leads
-	bugObserveOutOfOrder  = "observe-out-of-order"    // Observe delivers pending changes newest first
-	bugObserveSkips       = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
-	bugObserveNoNone      = "observe-no-none"         // Observe never delivers "no leader"
-	bugObserveGhost       = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
+	bugSemOverAdmit        = "sem-over-admission"      // a semaphore admits limit+1 holders
+	bugSemMismatchIgnored  = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
+	bugSemDeadHolderKept   = "sem-dead-holder-kept"    // a killed session's permit is never given back
+	bugRWWriterBesideRead  = "rw-writer-beside-reader" // a writer is admitted while readers hold
+	bugLateAdmission       = "late-admission"          // a permit (or read grant) asked for while one is held waits for a release, though it fits
+	bugDowngradeNewToken   = "downgrade-new-token"     // Downgrade's read grant has a new token, not the write grant's
+	bugDowngradeKeepsWrite = "downgrade-keeps-write"   // a Downgrade that fails leaves the write grant held
+	bugRWReaderBarges      = "rw-reader-barges"        // a reader passes a queued writer while readers hold
+	bugRWReadersExclusive  = "rw-readers-exclusive"    // readers do not share
+	bugElectTwoLeaders     = "election-two-leaders"    // two candidates lead at once
+	bugElectTermsDecrease  = "election-terms-decrease" // each term is lower than the last
+	bugElectToldLate       = "election-told-late"      // a resigning leader's context ends after its key is gone
+	bugLeaderNoError       = "leader-no-error"         // Leader returns the zero Leader and nil when nobody leads
+	bugObserveOutOfOrder   = "observe-out-of-order"    // Observe delivers pending changes newest first
+	bugObserveSkips        = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
+	bugObserveNoNone       = "observe-no-none"         // Observe never delivers "no leader"
+	bugObserveGhost        = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
 )
 
 // fakeKind is the primitive a key belongs to.
@@ -130,9 +132,9 @@ func (st *fakeStore) backend() conformance.Backend {
 			t.Helper()
 			return st.newLocker(t, name, kindLock, 0, opts)
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			t.Helper()
-			return st.newLocker(t, name, kindSem, limit, nil)
+			return st.newLocker(t, name, kindSem, limit, opts)
 		},
 		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
 			t.Helper()

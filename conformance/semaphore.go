@@ -17,9 +17,9 @@ const semLimit = 3
 
 // semaphore returns a new semaphore of the subtest's name with limit, on a
 // session of its own, and its faults.
-func (s *suite) semaphore(limit int) (holdfast.Locker, Faults) {
+func (s *suite) semaphore(limit int, opts ...holdfast.LockOption) (holdfast.Locker, Faults) {
 	s.t.Helper()
-	l, f := s.b.NewSemaphore(s.t, s.name, limit)
+	l, f := s.b.NewSemaphore(s.t, s.name, limit, opts...)
 	if l == nil {
 		s.t.Fatal("Backend.NewSemaphore returned a nil Locker")
 	}
@@ -385,5 +385,52 @@ func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, wh
 	}
 	if ks, ok := s.waitKeys(settle, idle); !ok {
 		s.t.Errorf("keys left after every %s was released: %q", what, ks)
+	}
+}
+
+// testSemaphoreReentrancy: WithReentrant means on a semaphore what it means
+// on a lock: R, reentrant, takes a permit of a semaphore with a limit of 2
+// and locks again at once, getting the same key and token and no second
+// permit (O1 takes the last permit, and O2 finds none); R's permit is
+// released by the Unlock that matches its first Lock (after which O2 gets
+// it), and a third Unlock fails with ErrNotHeld.
+func testSemaphoreReentrancy(s *suite) {
+	const limit = 2
+	r, _ := s.semaphore(limit, holdfast.WithReentrant())
+	o1, _ := s.semaphore(limit)
+	o2, _ := s.semaphore(limit)
+	g1 := s.lock(r, "R (reentrant), first Lock")
+	ctx, cancel := s.ctx(2 * time.Second)
+	res := s.await(start(ctx, r, false), 2*time.Second+slack, "R: second (reentrant) Lock")
+	cancel()
+	if res.err != nil {
+		s.t.Fatalf("R: second Lock on a reentrant semaphore that holds a permit: %v, want it to succeed at once", res.err)
+	}
+	g2 := res.g
+	if g2.Token() != g1.Token() || g2.Key() != g1.Key() {
+		s.t.Errorf("R: reentrant Lock returned %s, want the same key and token as %s", describe(g2), describe(g1))
+	}
+	gO1 := s.tryLock(o1, "O1 beside R (one permit of 2 left)")
+	s.expectLocked(o2, "O2 while R (twice) and O1 hold")
+	s.unlock(g2, "R, first Unlock")
+	if isDone(g1.Context()) {
+		s.t.Errorf("R: permit context done after the first of two Unlocks: %v", context.Cause(g1.Context()))
+	}
+	s.expectLocked(o2, "O2 while R still holds once")
+	s.unlock(g1, "R, second Unlock")
+	if !errors.Is(context.Cause(g1.Context()), holdfast.ErrReleased) {
+		s.t.Errorf("R: permit context cause after the last Unlock: %v, want holdfast.ErrReleased", context.Cause(g1.Context()))
+	}
+	gO2 := s.relock(o2, "O2 after R's last Unlock")
+	if err := s.unlockErr(g1); !errors.Is(err, holdfast.ErrNotHeld) {
+		s.t.Errorf("R: third Unlock: %v, want an error matching holdfast.ErrNotHeld", err)
+	}
+	if isDone(gO2.Context()) {
+		s.t.Errorf("O2's permit context done after R's third Unlock: %v", context.Cause(gO2.Context()))
+	}
+	s.unlock(gO1, "O1")
+	s.unlock(gO2, "O2")
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every permit was released: %q", ks)
 	}
 }

@@ -73,9 +73,9 @@ func TestConformance(t *testing.T) {
 			}
 			return holdfast.AsLocker[*Grant](m), f
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			s, f := session(t)
-			sem, err := NewSemaphore(s, name, limit)
+			sem, err := NewSemaphore(s, name, limit, opts...)
 			if err != nil {
 				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
 			}

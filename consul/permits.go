@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -45,9 +44,8 @@ const (
 	valWrite    = "holdfast write" // an RWMutex's waiting writer
 	valHeld     = "holdfast held"
 	valHeldNext = "holdfast held+next"
-	// valDowngraded is an RWMutex's key after Downgrade: a write that
-	// leaves a key's value as it was does not move its ModifyIndex, and the
-	// read grant's token is the index of the downgrade's write.
+	// valDowngraded is an RWMutex's key after Downgrade (the read grant
+	// keeps the write grant's token).
 	valDowngraded = "holdfast held, downgraded"
 )
 
@@ -521,8 +519,7 @@ const (
 type permitHold struct {
 	p         *permits
 	exclusive bool
-	free      func()      // frees the name in-process; moved to the read grant on Downgrade
-	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
+	free      func() // frees the name in-process; passed to the read grant on Downgrade
 }
 
 // leave is a release or a cleanup: it removes us from the holders (handing
@@ -654,7 +651,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
 	h := &permitHold{p: p, exclusive: exclusive, free: free}
 	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
@@ -662,29 +659,14 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-func (h *permitHold) done() {
-	if !h.moved.Load() {
-		h.free()
-	}
-}
-
 // releasePermit is a permit's release (see core.NewGrant): after Unlock, a
 // leave from the view the grant last had (then from reads); after a loss,
 // one leave from a read, which does nothing if our session no longer holds
 // the key.
 func (g *Grant) releasePermit(ctx context.Context) error {
-	h := g.permit
-	if h.moved.Load() {
-		return nil
-	}
-	var err error
-	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
-		if errors.Is(err, holdfast.ErrNotHeld) {
-			g.s.checkSoon()
-		}
-	} else {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
+	_, err := g.permit.p.leave(ctx, nil, leaveRelease)
+	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		g.s.checkSoon() // an Unlock found the key taken: look at the others
 	}
 	if err == nil || core.Final(err) {
 		g.s.forget(g)
@@ -695,7 +677,6 @@ func (g *Grant) releasePermit(ctx context.Context) error {
 // pacq is one acquisition of a permit in progress.
 type pacq struct {
 	p         *permits
-	ctx, wctx context.Context // the caller's; ends with it or with the session
 	exclusive bool
 	left      bool // something of ours may be in Consul (see Mutex's acquisition)
 	// uncertain: a join or an admission was sent and its outcome is unknown
@@ -708,10 +689,13 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
+	s := p.s
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", p.name, err)
 	}
-	s := p.s
 	end, err := s.begin()
 	if err != nil {
 		return nil, err
@@ -721,7 +705,8 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 	defer s.keeper.Waiting(p.name)()
 	wctx, cancel := s.bind(ctx)
 	defer cancel()
-	a := &pacq{p: p, ctx: ctx, wctx: wctx, exclusive: exclusive}
+	a := &pacq{p: p, exclusive: exclusive}
+	fail := func(err error) error { return p.fail(ctx, wctx, err) }
 	var free func()
 	if try {
 		var ok bool
@@ -729,26 +714,20 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, p.name)
 		}
 	} else if free, err = s.names.Acquire(wctx, p.name); err != nil {
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	var token uint64
 	if try {
-		token, err = a.try()
+		token, err = a.try(wctx)
 	} else {
-		token, err = a.run()
+		token, err = a.run(wctx)
 	}
 	if err != nil {
 		if !a.left {
 			free()
-			return nil, a.fail(err)
+			return nil, fail(err)
 		}
-		done := s.cleanUp(leftover{name: p.name, fn: func(ctx context.Context) error {
-			_, err := p.leave(ctx, nil, leaveCleanup)
-			if errors.Is(err, holdfast.ErrNotHeld) {
-				return nil // our session no longer holds the key: nothing to remove
-			}
-			return err
-		}}, free)
+		done := s.cleanUp(p.leftover(), free)
 		if a.uncertain {
 			p.sweepLater()
 		}
@@ -762,13 +741,25 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			case <-grace.C:
 			}
 		}
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	g, err := p.grant(token, exclusive, free)
 	if err == nil {
 		g.base.Observed(p.name, start)
 	}
 	return g, err
+}
+
+// leftover is the cleanup of what a failed acquisition or Downgrade may
+// have left: our key, and our place among the holders.
+func (p *permits) leftover() leftover {
+	return leftover{name: p.name, fn: func(ctx context.Context) error {
+		_, err := p.leave(ctx, nil, leaveCleanup)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			return nil // our session no longer holds the key: nothing to remove
+		}
+		return err
+	}}
 }
 
 // sweepDelays are when, after a failed acquisition whose join or admission
@@ -802,16 +793,18 @@ func (p *permits) sweepLater() {
 	})
 }
 
-// fail picks the error a failed acquisition returns (see acquisition.fail).
-func (a *pacq) fail(err error) error {
-	if a.wctx.Err() == nil {
+// fail picks the error a failed acquisition returns (see acquisition.fail):
+// ctx is the caller's, wctx the one the acquisition ran under (it ends with
+// ctx or with the session).
+func (p *permits) fail(ctx, wctx context.Context, err error) error {
+	if wctx.Err() == nil {
 		return err
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.p.name, cerr)
-	}
-	if serr := a.p.s.alive(); serr != nil {
+	if serr := p.s.alive(); serr != nil {
 		return serr
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", p.name, cerr)
 	}
 	return err
 }
@@ -819,9 +812,9 @@ func (a *pacq) fail(err error) error {
 // try is TryLock: one read; if the permit is free and nobody waits, one
 // transaction that creates our key already admitted and adds us to the lock
 // key by CAS. It writes nothing otherwise.
-func (a *pacq) try() (uint64, error) {
+func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
-	v, err := p.read(a.wctx)
+	v, err := p.read(ctx)
 	if testHookTryRead != nil && err == nil {
 		testHookTryRead(p)
 	}
@@ -838,7 +831,7 @@ func (a *pacq) try() (uint64, error) {
 	st.holders[p.s.id] = a.exclusive
 	ops := p.writeOps(v, st, nil)
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
-	return a.admitTxn(ops, len(ops)-1, true, p.roomy(st))
+	return a.admitTxn(ctx, ops, len(ops)-1, true, p.roomy(st))
 }
 
 // admitTxn sends ops, which write st to the lock key (their first operation,
@@ -847,15 +840,15 @@ func (a *pacq) try() (uint64, error) {
 // with no error, or ErrLocked if try. If room (st leaves a permit free), the
 // transaction reads the subtree after its writes, and the permits are
 // passed on to the waiters that joined meanwhile (see passOn).
-func (a *pacq) admitTxn(ops api.TxnOps, mine int, try, room bool) (uint64, error) {
+func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, mine int, try, room bool) (uint64, error) {
 	p := a.p
 	if room {
 		ops = append(ops, p.readAfter())
 	}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true
-	resp, err := p.s.txn(ctx, ops)
+	resp, err := p.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -880,14 +873,14 @@ func (a *pacq) admitTxn(ops api.TxnOps, mine int, try, room bool) (uint64, error
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	}
 	if room {
-		p.passOn(a.wctx, p.parse(resp.Results))
+		p.passOn(ctx, p.parse(resp.Results))
 	}
 	return ours.ModifyIndex, nil
 }
 
 // join creates our contender key (replacing a leftover of ours, so that our
 // place is at the back) and reads the subtree, in one transaction.
-func (a *pacq) join() (pview, error) {
+func (a *pacq) join(ctx context.Context) (pview, error) {
 	p := a.p
 	ops := api.TxnOps{
 		kvOp(api.KVDelete, p.myKey),
@@ -895,9 +888,9 @@ func (a *pacq) join() (pview, error) {
 		kvOp(api.KVGetTree, p.prefix),
 	}
 	a.left = true
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := p.s.txn(ctx, ops)
+	resp, err := p.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -915,22 +908,22 @@ func (a *pacq) join() (pview, error) {
 }
 
 // run is Lock's algorithm (see Semaphore).
-func (a *pacq) run() (uint64, error) {
+func (a *pacq) run(ctx context.Context) (uint64, error) {
 	p := a.p
-	v, err := a.join()
+	v, err := a.join(ctx)
 	if err != nil {
 		return 0, err
 	}
 	joins := 1
 	for {
-		if err := a.wctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		if v.err != nil {
 			return 0, v.err
 		}
 		if len(v.dead) > 0 {
-			a.dropDead(v.dead)
+			a.dropDead(ctx, v.dead)
 			v.dead = nil
 		}
 		if v.admitted(p) {
@@ -942,7 +935,7 @@ func (a *pacq) run() (uint64, error) {
 			if joins++; joins > 3 { // in a row
 				return 0, fmt.Errorf("holdfast/consul: %s: our contender key keeps vanishing", p.name)
 			}
-			if v, err = a.join(); err != nil {
+			if v, err = a.join(ctx); err != nil {
 				return 0, err
 			}
 			continue
@@ -956,7 +949,7 @@ func (a *pacq) run() (uint64, error) {
 			// frees a permit hands it to us, marking our key. Watch our
 			// own key (re-reading every blockWait, which prunes dead
 			// holders).
-			if token, got, err := a.awaitHandoff(v.me); err != nil || got {
+			if token, got, err := a.awaitHandoff(ctx, v.me); err != nil || got {
 				return token, err
 			}
 		} else if len(ahead) > 0 {
@@ -965,7 +958,7 @@ func (a *pacq) run() (uint64, error) {
 			// (its key is marked held by the write that admitted it), gone,
 			// or dead.
 			pred := ahead[len(ahead)-1]
-			next, err := a.watch(pred.key, pred.index, false)
+			next, err := a.watch(ctx, pred.key, pred.index, false)
 			if err != nil {
 				return 0, err
 			}
@@ -974,23 +967,23 @@ func (a *pacq) run() (uint64, error) {
 				case valHeldNext: // admitted with us: our token is that write's
 					return next.ModifyIndex, nil
 				case valHeld: // we are the head now: wait on the lock key
-					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
+					lock, err := a.watch(ctx, p.lockKey, next.ModifyIndex, true)
 					if err != nil {
 						return 0, err
 					}
 					if lock != nil {
 						v.lock, v.fresh = lock, false
 						v.waiters = slices.DeleteFunc(v.waiters, func(w contender) bool { return w.create < v.me.CreateIndex })
-						if token, got, err := a.atHead(v); err != nil || got {
+						if token, got, err := a.atHead(ctx, v); err != nil || got {
 							return token, err
 						}
 					}
 				}
 			}
-		} else if token, got, err := a.atHead(v); err != nil || got {
+		} else if token, got, err := a.atHead(ctx, v); err != nil || got {
 			return token, err
 		}
-		if v, err = p.read(a.wctx); err != nil {
+		if v, err = p.read(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -1000,16 +993,16 @@ func (a *pacq) run() (uint64, error) {
 // for us, wait for it to change (at most blockWait, then a read prunes dead
 // holders), and admit us (with the waiters behind us that fit) once it has.
 // It reports whether we got in; if not, the caller reads again.
-func (a *pacq) atHead(v pview) (uint64, bool, error) {
+func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
 	for {
-		token, got, full, err := a.tryHead(v)
+		token, got, full, err := a.tryHead(ctx, v)
 		if err != nil || got || !full || v.lock == nil {
 			return token, got, err
 		}
 		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
-			return a.awaitHandoff(v.me)
+			return a.awaitHandoff(ctx, v.me)
 		}
-		lock, err := a.watch(a.p.lockKey, v.lock.ModifyIndex, true)
+		lock, err := a.watch(ctx, a.p.lockKey, v.lock.ModifyIndex, true)
 		if err != nil || lock == nil {
 			return 0, false, err
 		}
@@ -1024,8 +1017,8 @@ func (a *pacq) atHead(v pview) (uint64, bool, error) {
 // token as its index. It reports whether we got in; if not (no change within
 // blockWait, so that dead holders are pruned, or another change), the
 // caller reads again.
-func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
-	pair, err := a.watch(a.p.myKey, me.ModifyIndex, true)
+func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair) (uint64, bool, error) {
+	pair, err := a.watch(ctx, a.p.myKey, me.ModifyIndex, true)
 	if err != nil || pair == nil || pair.Session != a.p.s.id {
 		return 0, false, err
 	}
@@ -1040,7 +1033,7 @@ func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
 // key comes from a watch), nobody is pruned, and finding our session among
 // the holders means a handoff to us (or a stale entry): not got, read again.
 // full reports that there is no room for us.
-func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
+func (a *pacq) tryHead(ctx context.Context, v pview) (token uint64, got, full bool, err error) {
 	p := a.p
 	st := v.st
 	if !v.fresh {
@@ -1061,21 +1054,21 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}
-	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false, p.roomy(st))
+	token, err = a.admitTxn(ctx, p.writeOps(v, st, in), 1, false, p.roomy(st))
 	return token, token != 0, false, err
 }
 
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
 // gone) and returns the key as it then is (nil if gone). If bounded, it
 // returns nil after blockWait without a change too (see Session.watchKey).
-func (a *pacq) watch(key string, index uint64, bounded bool) (*api.KVPair, error) {
+func (a *pacq) watch(ctx context.Context, key string, index uint64, bounded bool) (*api.KVPair, error) {
 	var bound time.Duration
 	if bounded {
 		bound = blockWait
 	}
-	return a.p.s.watchKey(a.wctx, key, index, bound)
+	return a.p.s.watchKey(ctx, key, index, bound)
 }
 
 // dropDead deletes contender keys without a session, if unchanged; best
 // effort (see Session.dropDead).
-func (a *pacq) dropDead(dead []*api.KVPair) { a.p.s.dropDead(a.wctx, dead) }
+func (a *pacq) dropDead(ctx context.Context, dead []*api.KVPair) { a.p.s.dropDead(ctx, dead) }

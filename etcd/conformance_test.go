@@ -74,9 +74,9 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			s, f := conformanceSession(t, c)
 			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), f
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			s, f := conformanceSession(t, c)
-			sem, err := etcd.NewSemaphore(s, name, limit)
+			sem, err := etcd.NewSemaphore(s, name, limit, opts...)
 			if err != nil {
 				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
 			}

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image/color"
 	"io"
 	"math"
 	"os"
@@ -24,8 +25,8 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 // Markers delimit the generated section of docs/BENCHMARKS.md: Splice
@@ -188,6 +189,16 @@ type gen struct {
 	md    *strings.Builder
 	files []string
 	notes []string
+	drawn []drawnSeries // what build put on each plot, for the tests
+}
+
+// drawnSeries is one series as build styled it.
+type drawnSeries struct {
+	file, name string
+	color      color.Color
+	shape      draw.GlyphDrawer
+	dashes     []vg.Length
+	pts        plotter.XYs
 }
 
 func (g *gen) note(format string, args ...any) {
@@ -219,6 +230,7 @@ func filter(rows []Row, keep func(Row) bool) []Row {
 // implOrder sorts implementations holdfast, native, floor, then the rest.
 func implOrder(a, b string) int {
 	rank := func(s string) int {
+		s, _, _ = strings.Cut(s, " (")
 		switch s {
 		case "holdfast":
 			return 0
@@ -300,6 +312,41 @@ func firstField(ks ...string) func(Row) (float64, bool) {
 
 func byImpl(r Row) string { return r.Str("impl") }
 
+// handoffLabel labels by implementation, and says so in the legend when an
+// implementation never handed the lock from one contender to a waiting one
+// in any run with contenders > 1 (Consul's api.Lock: a freed lock goes to
+// its releaser, which takes it again at once), so its
+// throughput is not read as handoffs.
+func handoffLabel(rows []Row) func(Row) string {
+	zero := map[string]bool{}
+	for _, r := range rows {
+		c, _ := r.Num("contenders")
+		h, ok := r.Num("handoffs")
+		if c <= 1 || !ok {
+			continue
+		}
+		if _, seen := zero[byImpl(r)]; !seen {
+			zero[byImpl(r)] = true
+		}
+		zero[byImpl(r)] = zero[byImpl(r)] && h == 0
+	}
+	return func(r Row) string {
+		if zero[byImpl(r)] {
+			return byImpl(r) + " (0 handoffs: its releaser takes the lock again)"
+		}
+		return byImpl(r)
+	}
+}
+
+// nonNegative drops negative values of f: a measurement the text calls an
+// artefact is not drawn.
+func nonNegative(f func(Row) (float64, bool)) func(Row) (float64, bool) {
+	return func(r Row) (float64, bool) {
+		v, ok := f(r)
+		return v, ok && v >= 0
+	}
+}
+
 // chart is one plot to draw.
 type chart struct {
 	file, title, xlabel, ylabel string
@@ -313,9 +360,59 @@ type hline struct {
 	name string
 }
 
+// implStyle is the colour and marker of one implementation, the same in
+// every plot whichever other implementations the plot shows.
+type implStyle struct {
+	color color.Color
+	shape draw.GlyphDrawer
+}
+
+// implStyles: holdfast a blue circle, native an orange triangle, floor a
+// green square, anything else grey crosses.
+var implStyles = map[string]implStyle{
+	"holdfast": {color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, draw.CircleGlyph{}},
+	"native":   {color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}, draw.TriangleGlyph{}},
+	"floor":    {color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, draw.SquareGlyph{}},
+}
+
+var otherStyle = implStyle{color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}, draw.CrossGlyph{}}
+
+// styleOf returns the style of a series named "impl", "impl (...)" or
+// "backend impl", and the dashes that tell the backends apart in a plot
+// with both (etcd solid, consul dashed).
+func styleOf(name string) (implStyle, []vg.Length) {
+	name, _, _ = strings.Cut(name, " (")
+	impl, dashes := name, []vg.Length(nil)
+	if b, i, ok := strings.Cut(name, " "); ok {
+		impl = i
+		if b == "consul" {
+			dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+		}
+	}
+	st, ok := implStyles[impl]
+	if !ok {
+		st = otherStyle
+	}
+	return st, dashes
+}
+
 func (g *gen) draw(c chart) error {
+	p, err := g.build(c)
+	if p == nil || err != nil {
+		return err
+	}
+	path := filepath.Join(g.opts.Dir, c.file)
+	if err := p.Save(18*vg.Centimeter, 11*vg.Centimeter, path); err != nil {
+		return fmt.Errorf("save %s: %w", path, err)
+	}
+	g.files = append(g.files, c.file)
+	return nil
+}
+
+// build lays out chart c; nil without series.
+func (g *gen) build(c chart) (*plot.Plot, error) {
 	if len(c.series) == 0 {
-		return nil
+		return nil, nil
 	}
 	p := plot.New()
 	p.Title.Text = c.title
@@ -327,17 +424,22 @@ func (g *gen) draw(c chart) error {
 	p.Y.Min = 0
 	p.Legend.Top = true
 	var xs []float64
-	var args []any
 	ymax := 0.0
 	for _, s := range c.series {
-		args = append(args, s.name, s.pts)
 		for _, pt := range s.pts {
 			xs = append(xs, pt.X)
 			ymax = max(ymax, pt.Y)
 		}
-	}
-	if err := plotutil.AddLinePoints(p, args...); err != nil {
-		return err
+		l, pts, err := plotter.NewLinePoints(s.pts)
+		if err != nil {
+			return nil, err
+		}
+		st, dashes := styleOf(s.name)
+		l.Color, l.Dashes = st.color, dashes
+		pts.Color, pts.Shape = st.color, st.shape
+		p.Add(l, pts)
+		p.Legend.Add(s.name, l, pts)
+		g.drawn = append(g.drawn, drawnSeries{c.file, s.name, l.Color, pts.Shape, l.Dashes, s.pts})
 	}
 	if c.logX && slices.Min(xs) > 0 && slices.Max(xs)/slices.Min(xs) >= 10 {
 		p.X.Scale = plot.LogScale{}
@@ -346,21 +448,17 @@ func (g *gen) draw(c chart) error {
 	if c.hline != nil {
 		l, err := plotter.NewLine(plotter.XYs{{X: slices.Min(xs), Y: c.hline.y}, {X: slices.Max(xs), Y: c.hline.y}})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		l.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+		l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
+		l.Color = color.Black
 		p.Add(l)
 		p.Legend.Add(c.hline.name, l)
 		ymax = max(ymax, c.hline.y)
 	}
 	// Room above the data for the legend.
 	p.Y.Max = max(p.Y.Max, ymax*(1+0.12*float64(len(c.series)+1)))
-	path := filepath.Join(g.opts.Dir, c.file)
-	if err := p.Save(18*vg.Centimeter, 11*vg.Centimeter, path); err != nil {
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	g.files = append(g.files, c.file)
-	return nil
+	return p, nil
 }
 
 // ticksAt puts a labelled tick at each distinct x.
@@ -399,7 +497,7 @@ func (g *gen) plots() error {
 			hold := holdOf(br)
 			charts = append(charts,
 				chart{file: fmt.Sprintf("%s-%s-throughput.png", b, sc), title: fmt.Sprintf("%s, scenario %s%s: %s", b, sc, hold, tpLabel),
-					xlabel: "contenders", ylabel: tpLabel, logX: true, series: makeSeries(br, byImpl, field("contenders"), field(tp))},
+					xlabel: "contenders", ylabel: tpLabel, logX: true, series: makeSeries(br, handoffLabel(br), field("contenders"), field(tp))},
 				chart{file: fmt.Sprintf("%s-%s-handoff-p99.png", b, sc), title: fmt.Sprintf("%s, scenario %s%s: handoff p99", b, sc, hold),
 					xlabel: "contenders", ylabel: "handoff p99 (ms)", logX: true, series: makeSeries(br, byImpl, field("contenders"), field("handoff_p99_ms"))})
 			if !slices.ContainsFunc(br, func(r Row) bool { return r.Str("impl") == "floor" }) {
@@ -428,7 +526,12 @@ func (g *gen) plots() error {
 		g.note(`no "many-locks" rows: no memory or renewal plot`)
 	} else {
 		label := func(r Row) string { return r.Str("backend") + " " + r.Str("impl") }
-		if s := makeSeries(mr, label, field("locks"), field("heap_bytes_per_grant")); len(s) > 0 {
+		for _, r := range mr {
+			if v, ok := r.Num("heap_bytes_per_grant"); ok && v < 0 {
+				g.note("many-locks: %s at %v locks measured %v B per grant, an artefact of the heap sampling (docs/BENCHMARKS.md); not drawn", label(r), r["locks"], v)
+			}
+		}
+		if s := makeSeries(mr, label, field("locks"), nonNegative(field("heap_bytes_per_grant"))); len(s) > 0 {
 			charts = append(charts, chart{file: "many-locks-memory.png", title: "many-locks: heap per held grant (client side)",
 				xlabel: "locks held through one session", ylabel: "bytes per grant", logX: true, series: s, hline: &hline{2048, "2 KiB bound"}})
 		} else {

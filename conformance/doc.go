@@ -93,7 +93,7 @@
 //     ElectionFailover, a killed leader is told within LossNotice and the
 //     next candidate wins within OpTimeout with a higher term.
 //
-// The suite is itself tested against a fake store with 48 deliberate bugs
-// (in locks, semaphores, read-write locks, elections and claims), each of
-// which some property must catch.
+// The suite is itself tested against a fake store with 53 deliberate bugs
+// (in locks, semaphores, read-write locks, elections, claims and multi-name
+// locks), each of which some property must catch.
 package conformance

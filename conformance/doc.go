@@ -110,6 +110,5 @@
 //
 // The suite is itself tested against a fake store with 53 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name
-// locks), each of
-// which some property must catch.
+// locks), each of which some property must catch.
 package conformance

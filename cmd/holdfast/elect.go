@@ -42,6 +42,7 @@ object), until interrupted.`,
 
 func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
+	vis := addVisibilityFlags(fs)
 	value := fs.String("value", "", "the proposal published while leader (required to campaign)")
 	loop := fs.Bool("loop", false, "after losing leadership, campaign again")
 	grace := fs.Duration("kill-grace", 10*time.Second, "when leadership is lost, how long CMD has between SIGTERM and SIGKILL")
@@ -61,6 +62,11 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if err := holdfast.ValidateName(args[0]); err != nil {
 				return explain(err, args[0], "")
 			}
+			stop, err := vis.start(e, sf)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			return observeElection(ctx, e, sf, args[0], *jsonOut)
 		}
 		name, argv, err := splitCommand(ctx, args)
@@ -78,7 +84,12 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err := holdfast.ValidateName(name); err != nil {
 			return explain(err, name, "")
 		}
-		r := runner{e: e, what: "leadership", grace: *grace, childCode: *childCode, loop: *loop, extraEnv: []string{"HOLDFAST_VALUE=" + *value}}
+		stop, err := vis.start(e, sf)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		r := runner{verbose: *vis.verbose, e: e, what: "leadership", grace: *grace, childCode: *childCode, loop: *loop, extraEnv: []string{"HOLDFAST_VALUE=" + *value}}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			c, err := s.election(name)
 			if err != nil {

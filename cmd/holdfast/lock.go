@@ -77,6 +77,10 @@ the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
 SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
 exits 128+signal.
 
+With -v holdfast says on stderr where it waits, the token it got and that
+it released; --metrics-addr serves Prometheus metrics and --log text|json
+logs the session's events, for long runs.
+
 If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
 process started beside CMD (and on Linux CMD by the kernel), so CMD does not
 outlive the grant; see the README for what remains.
@@ -100,6 +104,7 @@ Exit status:
 
 func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
+	vis := addVisibilityFlags(fs)
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
 	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
@@ -121,7 +126,12 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err := holdfast.ValidateName(name); err != nil {
 			return explain(err, name, "")
 		}
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try}
+		stop, err := vis.start(e, sf)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try, verbose: *vis.verbose}
 		if *permits > 1 {
 			r.what = "its permit"
 		}
@@ -183,6 +193,7 @@ type runner struct {
 	// store did not answer (125); otherwise the wait timed out (124).
 	bound    time.Duration
 	try      bool
+	verbose  bool // -v: say what happens on stderr
 	extraEnv []string
 	native   bool // set the native lock commands' variables too
 }
@@ -232,10 +243,20 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			}
 		}
 		var g holdfast.Grant
+		began := time.Now()
 		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
+			if r.verbose {
+				pctx, cancel := context.WithCancel(wctx)
+				reported := make(chan struct{})
+				go func() { defer close(reported); r.reportPosition(pctx, s, name) }()
+				defer func() { cancel(); <-reported }()
+			}
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err == nil {
+			r.verbosef("%s: acquired %s, token %s, after %v", name, r.what, g.Token(), time.Since(began).Round(time.Millisecond))
+		}
 		if err != nil && got == nil && timedOut() {
 			if r.try {
 				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
@@ -394,5 +415,7 @@ func (r runner) release(g holdfast.Grant, name string) {
 	defer cancel()
 	if err := g.Unlock(ctx); err != nil {
 		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		return
 	}
+	r.verbosef("%s: released %s, token %s", name, r.what, g.Token())
 }

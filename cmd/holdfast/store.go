@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
@@ -34,6 +35,11 @@ type storeFlags struct {
 	user     *string
 	password *string
 	token    *string
+
+	// Given to every session opened (lock and elect's --metrics-addr and
+	// --log), not flags of their own.
+	observers []holdfast.Observer
+	logger    *slog.Logger
 }
 
 // addStoreFlags declares the store flags on fs. Defaults come from the
@@ -92,6 +98,12 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		var opts []hfetcd.SessionOption
+		for _, o := range f.observers {
+			opts = append(opts, hfetcd.WithObserver(o))
+		}
+		if f.logger != nil {
+			opts = append(opts, hfetcd.WithLogger(f.logger))
+		}
 		if *f.ttl != 0 {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
 		}
@@ -116,6 +128,12 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		var opts []hfconsul.SessionOption
+		for _, o := range f.observers {
+			opts = append(opts, hfconsul.WithObserver(o))
+		}
+		if f.logger != nil {
+			opts = append(opts, hfconsul.WithLogger(f.logger))
+		}
 		if *f.ttl != 0 {
 			opts = append(opts, hfconsul.WithTTL(*f.ttl))
 		}

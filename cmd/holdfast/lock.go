@@ -394,7 +394,7 @@ wait:
 		case <-lost:
 			lost = nil
 			lostCause = context.Cause(g.Context())
-			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s (%v); stopping the command\n", name, r.what, lostCause)
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", name, r.what, lossReason(lostCause))
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			t := time.NewTimer(r.grace)
 			defer t.Stop()
@@ -410,7 +410,7 @@ wait:
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
 		guard.standDown()
-		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
+		return exitError{exitLost, explainf(lostCause, "%s: lost %s while the command ran: %s", name, r.what, lossReason(lostCause))}
 	}
 	guard.standDown()
 	r.release(g, name)

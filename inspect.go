@@ -68,7 +68,7 @@ type Contender struct {
 	// TTL is the session's TTL as the store granted it; 0 if unknown.
 	TTL time.Duration
 	// Left is the time left before the store may expire the session (etcd);
-	// -1 when the store does not say (Consul).
+	// -1 when the store does not say (Consul) or its lookup failed.
 	Left time.Duration
 	// LockDelay is the Consul session's lock-delay (0 on etcd).
 	LockDelay time.Duration

@@ -45,6 +45,21 @@ type Election struct {
 	cur *Grant // the latest leadership won through this Election
 }
 
+// campaignHold is an Election grant's release: a guarded delete of the lock
+// key, never a handoff (the key's value is the leader's).
+type campaignHold struct {
+	m      *Mutex
+	queued uint64 // the CreateIndex of our last queue entry, if we queued
+}
+
+func (h *campaignHold) release(ctx context.Context, _ *Grant) error {
+	return releasePlain(ctx, h.m, h.queued)
+}
+
+func (h *campaignHold) drop(ctx context.Context, _ *Grant) error {
+	return h.m.s.releaseKey(ctx, h.m.lockKey)
+}
+
 // campaign is an election's acquisition of the lock key (see acquisition):
 // it takes the key with value, creating it anew so that the term survives
 // Proclaim (see Election), never announces itself to the holder (the key's
@@ -95,7 +110,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 // the Mutex's): in one transaction, guarded by our session holding the key,
 // it deletes the key and acquires it anew with our value, and deletes our
 // queue key. The term is that write's index.
-func (a *acquisition) retake() (uint64, error) {
+func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	m := a.m
 	ops := api.TxnOps{
 		checkSession(m.lockKey, m.s.id),
@@ -103,9 +118,9 @@ func (a *acquisition) retake() (uint64, error) {
 		lockOp(m.lockKey, m.s.id, a.el.value),
 		kvOp(api.KVDelete, m.queueKey),
 	}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
@@ -184,5 +186,28 @@ func TestInspect(t *testing.T) {
 	}
 	if _, err := consul.Inspect(ctx, a.Client(t), "a//b"); !errors.Is(err, holdfast.ErrInvalidName) {
 		t.Errorf("invalid name: %v, want ErrInvalidName", err)
+	}
+}
+
+// TestInspectBounded: with the agent frozen, Inspect returns within
+// milliseconds of its context's end, with the context's error.
+func TestInspectBounded(t *testing.T) {
+	a := embedtest.Consul(t)
+	proxy := embedtest.StartProxy(t, a.HTTPAddr)
+	cli, err := api.NewClient(&api.Config{Address: proxy.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := consul.Inspect(context.Background(), cli, "ins/frozen"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Pause()
+	defer proxy.Mend()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = consul.Inspect(ctx, cli, "ins/frozen")
+	if d := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || d > 300*time.Millisecond {
+		t.Errorf("Inspect with Consul frozen: %v after %v, want the deadline's error within 300 ms", err, d)
 	}
 }

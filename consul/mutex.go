@@ -137,7 +137,8 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	defer m.s.keeper.Waiting(m.name)()
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
-	a := &acquisition{m: m, ctx: ctx, wctx: wctx, el: el}
+	a := &acquisition{m: m, el: el}
+	fail := func(err error) error { return m.fail(ctx, wctx, err) }
 
 	var free func()
 	if try {
@@ -146,13 +147,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
 		}
 	} else if free, err = m.s.names.Acquire(wctx, m.name); err != nil {
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
-	token, err := a.run(try)
+	token, err := a.run(wctx, try)
 	if err != nil {
 		if !a.left {
 			free()
-			return nil, a.fail(err)
+			return nil, fail(err)
 		}
 		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, free)
 		grace := time.NewTimer(cleanupGrace)
@@ -165,7 +166,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			case <-grace.C:
 			}
 		}
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	if el != nil {
 		a.next = nil // an election's grant hands nothing over
@@ -181,8 +182,12 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: a.next, index: token, plain: plain,
+	var rel releaser = &lockHold{m: m, next: a.next, index: token,
 		tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
+	if plain {
+		rel = &campaignHold{m: m, queued: a.queueIndex}
+	}
+	g := &Grant{s: m.s, prefix: m.prefix, rel: rel}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {
@@ -195,17 +200,18 @@ func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*G
 }
 
 // fail picks the error a failed acquisition returns: the session's cause if
-// the session ended, else the caller's context error if it ended the call,
-// err otherwise (etcd's order).
-func (a *acquisition) fail(err error) error {
-	if a.wctx.Err() == nil {
+// the session ended, else the caller's context error if it ended the call
+// (ctx is the caller's, wctx the one the acquisition ran under, which ends
+// with ctx or the session), err otherwise (etcd's order).
+func (m *Mutex) fail(ctx, wctx context.Context, err error) error {
+	if wctx.Err() == nil {
 		return err
 	}
-	if serr := a.m.s.alive(); serr != nil {
+	if serr := m.s.alive(); serr != nil {
 		return serr
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.m.name, cerr)
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", m.name, cerr)
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -144,10 +145,8 @@ func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
 
 // acquisition is one Lock or TryLock call in progress.
 type acquisition struct {
-	m    *Mutex
-	ctx  context.Context // the caller's
-	wctx context.Context // ends with ctx or with the session
-	el   *campaign       // an election's campaign, else nil (see campaign)
+	m  *Mutex
+	el *campaign // an election's campaign, else nil (see campaign)
 
 	// left is set once something of ours may be in Consul: a queue key, or
 	// the lock key (an acquire of unknown outcome, a handoff to us). On
@@ -222,13 +221,13 @@ const (
 //     handed it to us, and deleted our queue key (see Grant.handOver). The
 //     token is that write's ModifyIndex.
 //
-// Every request is bounded by wctx: the caller's context, ended with the
+// Every request is bounded by ctx: the caller's context, ended with the
 // session. What a failed run leaves is removed by the caller (see left).
-func (a *acquisition) run(try bool) (uint64, error) {
+func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 	m := a.m
 	var lock *api.KVPair
 	if try {
-		v, err := a.read()
+		v, err := a.read(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -240,15 +239,15 @@ func (a *acquisition) run(try bool) (uint64, error) {
 		}
 		lock = v.lock
 	} else {
-		names, err := a.list()
+		names, err := a.list(ctx)
 		if err != nil {
 			return 0, err
 		}
 		if len(names) > 0 { // the lock key, the tail key, queue entries
-			return a.queue()
+			return a.queue(ctx)
 		}
 	}
-	token, out, err := a.take(lock)
+	token, out, err := a.take(ctx, lock)
 	switch {
 	case err != nil:
 		return 0, err
@@ -260,24 +259,24 @@ func (a *acquisition) run(try bool) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
 	}
 	// Another contender was faster, or a lock-delay is in effect: queue.
-	return a.queue()
+	return a.queue(ctx)
 }
 
 // queue runs steps 2 to 6.
-func (a *acquisition) queue() (uint64, error) {
-	lock, err := a.enqueue()
+func (a *acquisition) queue(ctx context.Context) (uint64, error) {
+	lock, err := a.enqueue(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return a.wait(lock)
+	return a.wait(ctx, lock)
 }
 
 // wait runs steps 3 to 6 from lock, the lock key as last read.
-func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
+func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error) {
 	m := a.m
 	var queue []*api.KVPair // the queue's live entries, if we read it
 	for {
-		if err := a.wctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		if err := m.compatibleLock(lock); err != nil {
@@ -285,16 +284,16 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 		}
 		if a.handedToUs(lock) {
 			if a.el != nil {
-				return a.retake() // from a Mutex on the same name
+				return a.retake(ctx) // from a Mutex on the same name
 			}
-			return a.acceptHandoff(lock, queue)
+			return a.acceptHandoff(ctx, lock, queue)
 		}
 		if a.pred != nil && !a.lost {
-			if _, err := a.watch(a.pred.key, a.pred.index); err != nil {
+			if _, err := a.watch(ctx, a.pred.key, a.pred.index); err != nil {
 				return 0, err
 			}
 			var err error
-			if lock, err = a.get(m.lockKey); err != nil {
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
 				return 0, err
 			}
 			if lock != nil && lock.Session == a.pred.session && !a.handedToUs(lock) {
@@ -305,21 +304,21 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 			continue
 		}
 		if a.lost {
-			v, err := a.read()
+			v, err := a.read(ctx)
 			if err != nil {
 				return 0, err
 			}
 			if err := m.compatible(v); err != nil {
 				return 0, err
 			}
-			a.dropDead(v.dead)
+			a.dropDead(ctx, v.dead)
 			lock, queue, a.lost, a.pred = v.lock, v.queue, false, nil
 			switch {
 			case a.handedToUs(lock):
 			case v.me == nil:
 				// Our queue key vanished or lost its session. Queue up
 				// again; if our session is gone, Consul says so.
-				if lock, err = a.enqueue(); err != nil {
+				if lock, err = a.enqueue(ctx); err != nil {
 					return 0, err
 				}
 			default:
@@ -333,27 +332,27 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 		if !free(lock) {
 			var err error
 			if a.mustAnnounce(lock) {
-				lock, err = a.announce(lock)
+				lock, err = a.announce(ctx, lock)
 			} else {
-				lock, err = a.waitRelease(lock)
+				lock, err = a.waitRelease(ctx, lock)
 			}
 			if err != nil {
 				return 0, err
 			}
 			continue
 		}
-		token, out, err := a.take(lock)
+		token, out, err := a.take(ctx, lock)
 		switch {
 		case err != nil:
 			return 0, err
 		case out == taken:
 			return token, nil
 		case out == delayed:
-			if !sleep(a.wctx, a.delayLeft()) {
-				return 0, a.wctx.Err()
+			if !sleep(ctx, a.delayLeft()) {
+				return 0, ctx.Err()
 			}
 		default: // busy: a foreign client took it, or it changed
-			if lock, err = a.get(m.lockKey); err != nil {
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
 				return 0, err
 			}
 		}
@@ -374,12 +373,12 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 // the handoff) is deleted here. Whom we hand the lock to on Unlock: the
 // waiter named in the lock's value, and those behind us in queue (our last
 // read of the queue, if any).
-func (a *acquisition) acceptHandoff(lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
+func (a *acquisition) acceptHandoff(ctx context.Context, lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
 	token := tokenOf(lock)
 	if a.queueIndex > token {
-		ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
-		if _, err := a.m.s.txn(ctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
+		if _, err := a.m.s.txn(rctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
 			return 0, err // the cleanup releases the lock and deletes the key
 		}
 	}
@@ -419,19 +418,19 @@ func (a *acquisition) mustAnnounce(lock *api.KVPair) bool {
 // session, so the holder still holds it; but its Unlock, whose fast path is
 // guarded by the key's ModifyIndex being its token, now reads the key and
 // hands the lock to us. It returns the lock key as it then is.
-func (a *acquisition) announce(lock *api.KVPair) (*api.KVPair, error) {
+func (a *acquisition) announce(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
 	m := a.m
 	value := fmt.Appendf(nil, "%s%d %s %d", valueWaiter, tokenOf(lock), m.s.id, a.queueIndex)
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.lockKey, Index: lock.ModifyIndex, Flags: lock.Flags, Value: value}}}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():
 		return nil, txnError("announce on "+m.lockKey, rb)
 	case rb != nil: // the key changed meanwhile: see how it is now
-		return a.get(m.lockKey)
+		return a.get(ctx, m.lockKey)
 	case err != nil:
 		return nil, err
 	}
@@ -447,12 +446,12 @@ func (a *acquisition) announce(lock *api.KVPair) (*api.KVPair, error) {
 // then is. It learns the holder's lock-delay first (while the holder's
 // session still exists), so that a release by invalidation is followed by a
 // retry right when the delay ends.
-func (a *acquisition) waitRelease(lock *api.KVPair) (*api.KVPair, error) {
+func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
 	if lock.Session != a.holder {
 		a.holder = lock.Session
-		a.delay, a.known = a.m.s.lockDelayOf(a.wctx, lock.Session)
+		a.delay, a.known = a.m.s.lockDelayOf(ctx, lock.Session)
 	}
-	next, err := a.watch(a.m.lockKey, lock.ModifyIndex)
+	next, err := a.watch(ctx, a.m.lockKey, lock.ModifyIndex)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +478,7 @@ func (a *acquisition) delayLeft() time.Duration {
 // session, our flags and valueTaken, deletes our queue key if we queued, and
 // reads the subtree. The token is the ModifyIndex of that write; the first
 // waiters of the queue are whom Unlock hands the lock to.
-func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
+func (a *acquisition) take(ctx context.Context, seen *api.KVPair) (uint64, outcome, error) {
 	m := a.m
 	ops := make(api.TxnOps, 0, 4)
 	value := []byte(valueTaken)
@@ -499,10 +498,10 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
 	}
 	ops = append(ops, kvOp(api.KVGetTree, m.prefix))
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -537,7 +536,7 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 // the same transaction, which also reads the tail key and sets it to us:
 // the entry it named is our predecessor. A leftover queue key of ours is
 // replaced, so that our place is always at the back.
-func (a *acquisition) enqueue() (*api.KVPair, error) {
+func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	ops := api.TxnOps{
 		kvOp(api.KVGetOrEmpty, m.tailKey),
@@ -547,9 +546,9 @@ func (a *acquisition) enqueue() (*api.KVPair, error) {
 		kvOp(api.KVGetOrEmpty, m.lockKey),
 	}
 	a.left = true
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -598,11 +597,11 @@ func (a *acquisition) enqueue() (*api.KVPair, error) {
 // list returns the names right under "<name>/" (the keys with separator
 // "/": "<name>/.queue/" stands for the whole queue), and fails with
 // ErrConflict if one is not the lock's own.
-func (a *acquisition) list() ([]string, error) {
+func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	m := a.m
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(ctx))
+	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(rctx))
 	if err != nil {
 		return nil, apiError("list "+m.prefix, err)
 	}
@@ -615,11 +614,11 @@ func (a *acquisition) list() ([]string, error) {
 }
 
 // read returns the subtree of the lock, in one read-only transaction.
-func (a *acquisition) read() (view, error) {
+func (a *acquisition) read(ctx context.Context) (view, error) {
 	m := a.m
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -631,10 +630,10 @@ func (a *acquisition) read() (view, error) {
 }
 
 // get reads one key, without blocking.
-func (a *acquisition) get(key string) (*api.KVPair, error) {
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+func (a *acquisition) get(ctx context.Context, key string) (*api.KVPair, error) {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	pair, _, err := a.m.s.client.KV().Get(key, (&api.QueryOptions{}).WithContext(ctx))
+	pair, _, err := a.m.s.client.KV().Get(key, (&api.QueryOptions{}).WithContext(rctx))
 	if err != nil {
 		return nil, apiError("read "+key, err)
 	}
@@ -644,13 +643,13 @@ func (a *acquisition) get(key string) (*api.KVPair, error) {
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
 // gone), and returns the key as it then is (nil if gone); see
 // Session.watchKey.
-func (a *acquisition) watch(key string, index uint64) (*api.KVPair, error) {
-	return a.m.s.watchKey(a.wctx, key, index, 0)
+func (a *acquisition) watch(ctx context.Context, key string, index uint64) (*api.KVPair, error) {
+	return a.m.s.watchKey(ctx, key, index, 0)
 }
 
 // dropDead deletes queue entries whose session is gone; see
 // Session.dropDead.
-func (a *acquisition) dropDead(dead []*api.KVPair) { a.m.s.dropDead(a.wctx, dead) }
+func (a *acquisition) dropDead(ctx context.Context, dead []*api.KVPair) { a.m.s.dropDead(ctx, dead) }
 
 // watchKey blocks until key's ModifyIndex is no longer index (it changed or
 // is gone), and returns the key as it then is (nil if gone). Each blocking
@@ -806,6 +805,253 @@ func (m *Mutex) compatible(v view) error {
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	if lock != nil && lock.Flags != api.LockFlagValue {
 		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
+	}
+	return nil
+}
+
+// lockHold is a Mutex grant's release state. Used only by the release,
+// which runs once, in one goroutine: whom to hand the lock to (up to two
+// waiters, in queue order), and the lock key's ModifyIndex as we last saw
+// it; the tail key as we last read it (nil if absent; tailKnown: read at
+// all), and whether that read showed no live waiter behind us (alone); the
+// CreateIndex of our last queue entry, if we queued.
+type lockHold struct {
+	m         *Mutex
+	next      []waiter
+	index     uint64
+	tail      *api.KVPair
+	tailKnown bool
+	alone     bool
+	queued    uint64
+}
+
+// errStale means that the lock key or the waiter we meant to hand it to
+// changed since we last read them: read the queue again.
+var errStale = errors.New("the lock key or its next waiter changed")
+
+// announceWait bounds how long a release waits for a waiter that queued
+// behind the holder to announce itself (see Grant.look), before it reads
+// the whole queue instead.
+const announceWait = 250 * time.Millisecond
+
+// release ends a Mutex's grant in Consul; the session runs it in the
+// background (see core.Grant), retried on transport errors while the
+// session lives.
+// After Unlock it hands the lock over (see handOver) or deletes the key.
+// When the grant does not know whom to hand it to, or that nobody waits,
+// or the key changed since (a waiter announced itself), it first reads the
+// lock key and the tail key (see look), and the whole queue only if that
+// does not tell. After a loss it deletes the key if our session still holds
+// it (see Session.releaseKey).
+func (g *lockHold) release(ctx context.Context, gr *Grant) error {
+	if !errors.Is(context.Cause(gr.Context()), holdfast.ErrReleased) {
+		return releasePlain(ctx, g.m, g.queued) // a lost grant
+	}
+	err := errStale
+	if len(g.next) > 0 || g.tailKnown && g.alone {
+		err = g.handOver(ctx)
+	}
+	for i := 0; i < 4 && errors.Is(err, errStale); i++ {
+		if i < 2 {
+			err = g.look(ctx)
+		} else {
+			err = g.refresh(ctx)
+		}
+		if err == nil {
+			err = g.handOver(ctx)
+		}
+	}
+	if errors.Is(err, holdfast.ErrNotHeld) {
+		g.m.s.checkSoon()
+	}
+	return err // errStale four times over: retried
+}
+
+// drop releases the lock key as the session closes (see releaser).
+func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
+	return g.m.s.releaseKey(ctx, g.m.lockKey)
+}
+
+// handOver, the write behind Unlock, hands the lock to the first waiter we
+// know of, or deletes the key if we know that nobody waits, in one
+// transaction:
+//
+//   - with a waiter w: [check-session of the lock key on our session,
+//     unlock it, lock it for w's session with the value naming the waiter
+//     after w, check-session of w's queue key on w's session, delete-cas of
+//     w's queue key at the index we saw, and if the tail key names w, a
+//     delete-cas of it]: w's acquisition sees the key held by its session
+//     and takes the grant, with the ModifyIndex of this write as its token;
+//   - with none: [check-session, check-index of the lock key at g.index
+//     (our token, unless we have read the key since), check that the tail
+//     key is as we read it (absent, or a delete-cas), delete the lock key]:
+//     a waiter that queued after our read moved the tail key, and one that
+//     queued after we acquired the key has announced itself with a write to
+//     the key (see acquisition.announce), so a check fails then.
+//
+// A failed check-session is an error wrapping holdfast.ErrNotHeld; any
+// other failed check is errStale.
+func (g *lockHold) handOver(ctx context.Context) error {
+	s, m, key := g.m.s, g.m, g.m.lockKey
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(key, s.id))
+	}
+	held := len(ops) // ops before this index check that we hold the key
+	switch {
+	case len(g.next) > 0:
+		w := g.next[0]
+		ops = append(ops,
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
+			lockOp(key, w.session, nextValue(g.next[1:])))
+		if mutant.On("consul/handoff-check-next") {
+			ops = append(ops, kvOp(api.KVDelete, w.key))
+		} else {
+			ops = append(ops, checkSession(w.key, w.session), deleteCAS(w.key, w.index))
+		}
+		if t, ok := m.tailEntry(g.tail); ok && g.tailKnown && t == w {
+			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex)) // w was the last to queue
+		}
+	case !g.tailKnown || !g.alone:
+		return errStale // we do not know that nobody waits
+	default:
+		ops = append(ops, checkIndex(key, g.index))
+		if g.tail == nil {
+			ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
+		} else {
+			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex))
+		}
+		ops = append(ops, kvOp(api.KVDelete, key))
+	}
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("unlock "+key, rb)
+	case rb != nil && (rb.failedBefore(held) || len(g.next) > 0 && rb.failed(held)):
+		// Our check-session, or the unlock (which checks our session too).
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, s.id)
+	case rb != nil:
+		g.tailKnown = false
+		return errStale
+	default:
+		return err
+	}
+}
+
+// look reads the lock key and the tail key, in one read-only transaction:
+// whom to hand the lock to now (the waiter that announced itself in the
+// lock key's value), and whether anybody queued behind us (the tail key
+// names an entry other than ours). When somebody did but has not announced
+// itself yet, it waits (a blocking query on the lock key) up to announceWait
+// for that, and then reads the whole queue (see refresh). It returns an
+// error wrapping holdfast.ErrNotHeld if our session no longer holds the
+// key.
+func (g *lockHold) look(ctx context.Context) error {
+	m := g.m
+	for waited := false; ; waited = true {
+		resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey)})
+		var rb *rollback
+		switch {
+		case errors.As(err, &rb):
+			return txnError("read "+m.lockKey, rb)
+		case err != nil:
+			return err
+		}
+		var lock, tail *api.KVPair
+		for _, r := range resp.Results {
+			switch e := r.KV; {
+			case e == nil || e.ModifyIndex == 0:
+			case e.Key == m.lockKey:
+				lock = e
+			case e.Key == m.tailKey:
+				tail = e
+			}
+		}
+		if lock == nil || lock.Session != m.s.id {
+			return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+		}
+		g.index, g.tail, g.tailKnown, g.next = lock.ModifyIndex, tail, true, nil
+		if w, ok := m.announced(lock); ok && w.session != m.s.id {
+			g.next = []waiter{w}
+			return nil
+		}
+		t, ok := m.tailEntry(tail)
+		if g.alone = !ok || t.session == m.s.id && t.index == g.queued; g.alone {
+			return nil
+		}
+		// Somebody queued behind us: it announces itself once it sees that
+		// we hold the lock, unless it knows that we know of it: we took the
+		// free key after it queued (reading the queue), or the value names
+		// it. Then, or if it does not announce itself, read the queue.
+		if w, ok := m.named(lock); waited || string(lock.Value) == valueTaken && t.index < g.index || ok && w == t {
+			return g.refresh(ctx)
+		}
+		now, err := m.s.watchKey(ctx, m.lockKey, lock.ModifyIndex, announceWait)
+		if err != nil {
+			return err
+		}
+		if now == nil {
+			return g.refresh(ctx) // no announcement, or the key is gone
+		}
+	}
+}
+
+// refresh reads the lock key and the queue: whom to hand the lock to now,
+// and the key's current index. It deletes dead entries it finds (at most 64
+// at a time). It returns an error wrapping holdfast.ErrNotHeld if our
+// session no longer holds the key.
+func (g *lockHold) refresh(ctx context.Context) error {
+	m := g.m
+	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	v := m.parse(resp.Results)
+	if v.lock == nil || v.lock.Session != m.s.id {
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+	}
+	m.s.dropDead(ctx, v.dead)
+	g.index = v.lock.ModifyIndex
+	g.next = m.successors(v.queue)
+	g.tail, g.tailKnown, g.alone = v.tail, true, len(g.next) == 0
+	return nil
+}
+
+// releasePlain releases m's lock key without handing it over (an
+// election's grant, a lost grant): [check-session, delete] of the lock key
+// (see Session.releaseKey), which reads the tail key too; if the tail key
+// names our own last queue entry (CreateIndex queued: nobody queued after
+// us), it is deleted, if unchanged.
+func releasePlain(ctx context.Context, m *Mutex, queued uint64) error {
+	s := m.s
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(m.lockKey, s.id))
+	}
+	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey))
+	resp, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("release "+m.lockKey, rb)
+	case rb != nil:
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, s.id)
+	case err != nil:
+		return err
+	}
+	for _, r := range resp.Results {
+		if e := r.KV; e != nil && e.Key == m.tailKey {
+			if t, ok := m.tailEntry(e); ok && t.session == s.id && t.index == queued {
+				_, _ = s.txn(ctx, api.TxnOps{deleteCAS(m.tailKey, e.ModifyIndex)})
+			}
+		}
 	}
 	return nil
 }

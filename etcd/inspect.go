@@ -65,7 +65,7 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 	}
 	leases := map[int64]*clientv3.LeaseTimeToLiveResponse{}
 	contender := func(kv *mvccpb.KeyValue) holdfast.Contender {
-		ct := holdfast.Contender{Key: string(kv.Key), Session: fmt.Sprintf("%x", kv.Lease)}
+		ct := holdfast.Contender{Key: string(kv.Key), Session: fmt.Sprintf("%x", kv.Lease), Left: -1}
 		l, ok := leases[kv.Lease]
 		if !ok {
 			l, _ = c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)) // nil: unknown

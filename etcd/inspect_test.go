@@ -3,10 +3,13 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
@@ -188,5 +191,29 @@ func TestInspectSemaphoreRW(t *testing.T) {
 	}
 	if _, err := etcd.Inspect(ctx, c.Client(t), "a//b"); !errors.Is(err, holdfast.ErrInvalidName) {
 		t.Errorf("invalid name: %v, want ErrInvalidName", err)
+	}
+}
+
+// TestInspectBounded: with the store frozen, Inspect returns within
+// milliseconds of its context's end, with the context's error.
+func TestInspectBounded(t *testing.T) {
+	c := embedtest.Etcd(t)
+	u, err := url.Parse(c.Endpoints()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := embedtest.StartProxy(t, u.Host)
+	cli := c.Client(t, func(cfg *clientv3.Config) { cfg.Endpoints = []string{proxy.URL()} })
+	if _, err := etcd.Inspect(context.Background(), cli, "ins/frozen"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Pause()
+	defer proxy.Mend()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = etcd.Inspect(ctx, cli, "ins/frozen")
+	if d := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || d > 300*time.Millisecond {
+		t.Errorf("Inspect with etcd frozen: %v after %v, want the deadline's error within 300 ms", err, d)
 	}
 }

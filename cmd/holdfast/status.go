@@ -339,6 +339,9 @@ func (p printer) print(v view) error {
 	if v.Limit > 0 {
 		kind = fmt.Sprintf("%s (limit %d)", kind, v.Limit)
 	}
+	if v.Kind == "none" {
+		kind = "name" // no key says what it is
+	}
 	fmt.Fprintf(p.w, "%s %s %q at index %d: ", v.Backend, kind, v.Name, v.Index)
 	all := append(append([]contenderView{}, v.Holders...), v.Waiters...)
 	if len(all) == 0 {
@@ -363,7 +366,11 @@ func (p printer) print(v view) error {
 			if c.LockDelay != "" {
 				ttl += ", lock-delay " + c.LockDelay
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%q\n", role, i, tok, c.Origin, c.Session, ttl, c.Key, c.Value)
+			val := "-"
+			if c.Value != "" {
+				val = strconv.Quote(c.Value)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", role, i, tok, c.Origin, c.Session, ttl, c.Key, val)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

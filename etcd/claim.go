@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -173,7 +174,8 @@ type Claim struct {
 	rev    int64
 	period time.Time
 	value  string
-	made   time.Time // when the answer of the creating request arrived
+	made   time.Time          // when the answer of the creating request arrived
+	kept   []clientv3.LeaseID // the leases release attempts granted to keep the key (release runs one attempt at a time)
 }
 
 var _ holdfast.Grant = (*Claim)(nil)
@@ -257,6 +259,7 @@ func (c *Claim) release(ctx context.Context) error {
 			return storeErr(err)
 		}
 		keep = lresp.ID
+		c.kept = append(c.kept, keep)
 		then = clientv3.OpPut(c.o.key, c.value, clientv3.WithLease(keep))
 	}
 	resp, err := cli.Txn(ctx).If(c.Guard()).Then(then).Else(clientv3.OpGet(c.o.key)).Commit()
@@ -271,10 +274,12 @@ func (c *Claim) release(ctx context.Context) error {
 			c.o.revoke(keep)
 		}
 		kv := first(resp.Responses[0])
-		if kv == nil || kv.CreateRevision != c.rev || kv.Lease == int64(c.lease) {
+		if kv == nil || kv.CreateRevision != c.rev || !slices.Contains(c.kept, clientv3.LeaseID(kv.Lease)) {
 			return fmt.Errorf("%w: %s no longer carries the claim's lease %x", holdfast.ErrNotHeld, c.Key(), int64(c.lease))
 		}
-		// Our key, moved to another lease: an earlier attempt applied.
+		// Our key, moved to a lease of an earlier attempt: that attempt
+		// applied, and its lease keeps the key.
+		keep = clientv3.LeaseID(kv.Lease)
 	}
 	_, err = cli.Revoke(ctx, c.lease)
 	if err != nil && !errors.Is(storeErr(err), holdfast.ErrSessionLost) {

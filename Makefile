@@ -3,13 +3,19 @@
 export GOTOOLCHAIN := local
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
+# The modules of go.work: the library with embedtest and the examples (.),
+# the command with its benchmark, safety suite and plot generator
+# (cmd/holdfast). vet, staticcheck and the tests cover both.
+MODULES := . cmd/holdfast
+PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 
-.PHONY: test consul lint demo bench bench-docs bench-plots mutants fuzz
+.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants fuzz
 
 test: consul
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 25m ./...
-	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./etcd/ ./consul/ ./internal/bench/   # memory figures and 256 contenders, without -race's slowness
+	./scripts/modgraph.sh
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./etcd/ ./consul/ ./cmd/holdfast/internal/bench/   # memory figures and 256 contenders, without -race's slowness
 
 # Build (first run: about 4 minutes) or locate the cached Consul server.
 consul:
@@ -17,14 +23,14 @@ consul:
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) vet $(PKGS)
+	@set -e; for m in $(MODULES); do echo "staticcheck: $$m"; (cd $$m && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...); done
 
 demo:
 	$(GO) run ./cmd/holdfast demo
 
 # Every scenario on both stores, holdfast vs native vs floor (see
-# internal/bench/doc.go); BENCH_FLAGS=--quick for the smoke run (under 2 minutes).
+# cmd/holdfast/internal/bench/doc.go); BENCH_FLAGS=--quick for the smoke run (under 2 minutes).
 BENCH_FLAGS ?=
 bench: consul
 	$(GO) run ./cmd/holdfast bench --backend etcd --scenario all $(BENCH_FLAGS)
@@ -56,7 +62,7 @@ bench-docs: consul
 # Regenerate the plots (docs/bench/*.png) and the tables of docs/BENCHMARKS.md
 # from the JSON lines already in docs/bench/, without running anything.
 bench-plots:
-	$(GO) run ./cmd/benchdocs -out docs/bench -doc docs/BENCHMARKS.md -label "$(BENCH_LABEL)" docs/bench/*.jsonl
+	$(GO) run ./cmd/holdfast/internal/cmd/benchdocs -out docs/bench -doc docs/BENCHMARKS.md -label "$(BENCH_LABEL)" docs/bench/*.jsonl
 
 # Remove each safety guard in turn (docs/GUARDS.md) and check that the tests
 # meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.
@@ -70,3 +76,8 @@ FUZZTIME ?= 1m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSemaphoreLock$$' -fuzztime $(FUZZTIME) ./consul/
 	$(GO) test -run '^$$' -fuzz '^FuzzRWLock$$' -fuzztime $(FUZZTIME) ./consul/
+
+# go mod tidy in every module, keeping the library's go.mod free of what
+# embedtest, the command and the examples need (scripts/tidy.sh).
+tidy:
+	./scripts/tidy.sh

@@ -47,6 +47,11 @@ var (
 	// client whose layout holdfast cannot share.
 	ErrConflict = errors.New("holdfast: key used by a different primitive")
 
+	// ErrLimitMismatch means a semaphore was asked for with a limit other
+	// than the one its current holders and waiters use. It wraps
+	// ErrConflict.
+	ErrLimitMismatch error = &named{ErrConflict, "holdfast: semaphore limit mismatch"}
+
 	// ErrPermissionDenied means the store refused the request for lack of
 	// permission (an ACL).
 	ErrPermissionDenied = errors.New("holdfast: permission denied")
@@ -66,3 +71,12 @@ func wrap(parent error, msg string) error { return &wrapped{parent, msg} }
 
 func (w *wrapped) Error() string { return w.parent.Error() + ": " + w.msg }
 func (w *wrapped) Unwrap() error { return w.parent }
+
+// named is an error with its own message that matches its parent too.
+type named struct {
+	parent error
+	msg    string
+}
+
+func (n *named) Error() string { return n.msg }
+func (n *named) Unwrap() error { return n.parent }

@@ -78,7 +78,7 @@ func ExampleAsLocker() {
 		return
 	}
 
-	var l holdfast.Locker = holdfast.AsLocker[*etcd.Grant](m)
+	var l holdfast.Locker = holdfast.AsLocker(m)
 	g, err := l.TryLock(ctx)
 	if err != nil {
 		fmt.Println(err)

@@ -100,7 +100,7 @@ type GrantLocker[G Grant] interface {
 //
 //	m, err := etcd.NewMutex(s, "jobs/nightly")
 //	...
-//	var l holdfast.Locker = holdfast.AsLocker[*etcd.Grant](m)
+//	var l holdfast.Locker = holdfast.AsLocker(m)
 //
 // Lock and TryLock return l's grants unchanged (a type switch on the Grant
 // recovers the backend's type); on error the Grant is nil.

@@ -27,8 +27,10 @@ const MaxNameLen = 512
 // ValidateName checks a lock name against the rule that every backend
 // applies, so that a name means the same lock on every store:
 //
-//   - 1 to MaxNameLen bytes of valid UTF-8, without control characters or
-//     white space;
+//   - 1 to MaxNameLen bytes of valid UTF-8, each character a letter, a
+//     mark, a number, punctuation or a symbol (Unicode categories L, M, N,
+//     P, S): no white space, no control or format character (U+200B), no
+//     private-use or unassigned code point, which Consul refuses;
 //   - a path of segments separated by "/": no leading or trailing "/", no
 //     empty segment ("a//b");
 //   - no segment starting with "." (such segments name holdfast's own keys,
@@ -58,8 +60,8 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: %q has an empty path segment", ErrInvalidName, name)
 	}
 	for _, r := range name {
-		if unicode.IsControl(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("%w: %q contains %U", ErrInvalidName, name, r)
+		if !unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S) {
+			return fmt.Errorf("%w: %q contains %U, not a letter, mark, number, punctuation or symbol", ErrInvalidName, name, r)
 		}
 	}
 	for seg := range strings.SplitSeq(name, "/") {

@@ -13,6 +13,7 @@ type GrantRWLocker[G holdfast.Grant] interface {
 	holdfast.GrantLocker[G]
 	RLock(ctx context.Context) (G, error)
 	TryRLock(ctx context.Context) (G, error)
+	Downgrade(ctx context.Context, w G) (G, error)
 }
 
 // AsRWLocker adapts a backend's read-write lock (such as *etcd.RWMutex) to
@@ -28,6 +29,13 @@ func (a rwLocker[G]) TryLock(ctx context.Context) (holdfast.Grant, error) {
 func (a rwLocker[G]) RLock(ctx context.Context) (holdfast.Grant, error) { return grant(a.l.RLock(ctx)) }
 func (a rwLocker[G]) TryRLock(ctx context.Context) (holdfast.Grant, error) {
 	return grant(a.l.TryRLock(ctx))
+}
+
+// Downgrade passes a grant of another type on as G's zero value, which
+// the backend refuses as not its write grant.
+func (a rwLocker[G]) Downgrade(ctx context.Context, w holdfast.Grant) (holdfast.Grant, error) {
+	g, _ := w.(G)
+	return grant(a.l.Downgrade(ctx, g))
 }
 
 // AsCandidate adapts a backend's election (such as *etcd.Election, a

@@ -49,19 +49,20 @@ func (s *suite) claimSchedule() holdfast.Schedule {
 }
 
 // claimers returns n claimers of the subtest's name, each on a session of
-// its own.
-func (s *suite) claimers(n int, sched holdfast.Schedule) []Claimer {
+// its own, and their faults.
+func (s *suite) claimers(n int, sched holdfast.Schedule) ([]Claimer, []Faults) {
 	s.t.Helper()
 	cs := make([]Claimer, n)
+	fs := make([]Faults, n)
 	for i := range cs {
 		c, f := s.b.NewClaimer(s.t, s.name, sched)
 		if c == nil {
 			s.t.Fatal("Backend.NewClaimer returned a nil Claimer")
 		}
 		s.faults(f, "NewClaimer")
-		cs[i] = c
+		cs[i], fs[i] = c, f
 	}
-	return cs
+	return cs, fs
 }
 
 // claimRefusal bounds how long a refused claim may take: it is told at
@@ -77,7 +78,7 @@ const claimRefusal = 2 * time.Second
 // AtLeast nothing is left under the name.
 func testClaimOnce(s *suite) {
 	sched := s.claimSchedule()
-	cs := s.claimers(5, sched)
+	cs, _ := s.claimers(5, sched)
 	period := sched.Period(time.Now())
 	ctx, cancel := s.ctx(s.op)
 	defer cancel()
@@ -160,13 +161,14 @@ func testClaimOnce(s *suite) {
 	}
 }
 
-// testClaimAtMost: a holder that never releases (it crashed) keeps the
-// claim: a claim of the next period is refused at least until the holder's
-// context has ended (the holder is told before anyone else can claim), and
-// succeeds no later than AtMost + ClaimFree after the first claim.
+// testClaimAtMost: a holder cut off from the store right after its claim
+// (as good as crashed: it cannot release) keeps the claim: a claim of the
+// next period is refused at least until the holder's context has ended (the
+// holder is told before anyone else can claim), and succeeds no later than
+// AtMost + ClaimFree after the first claim.
 func testClaimAtMost(s *suite) {
 	sched := s.claimSchedule()
-	cs := s.claimers(2, sched)
+	cs, fs := s.claimers(2, sched)
 	ctx, cancel := s.ctx(sched.AtMost + s.b.ClaimFree + s.op)
 	defer cancel()
 	period := sched.Period(time.Now())
@@ -176,6 +178,7 @@ func testClaimAtMost(s *suite) {
 		s.t.Fatalf("first claim: %v", err)
 	}
 	s.track(held)
+	fs[0].Cut()
 	if d := held.Deadline(); d.After(start.Add(sched.AtMost)) {
 		s.t.Errorf("claim Deadline %v after the claim was sent, want at most AtMost %v", d.Sub(start), sched.AtMost)
 	}
@@ -207,12 +210,13 @@ const claimTicks = 8
 // testClaimTicks: 5 claimers fire at every period for 8 periods, each late
 // by its own offset (its clock or scheduler lags by up to AtLeast/2, the
 // tolerated skew); the winner runs 100 ms and releases, except in period
-// 2 where it crashes (never releases). Each period has at most one run;
-// each period that starts after the crashed claim's AtMost + ClaimFree, and
-// every period before the crash, has exactly one.
+// 2 where it crashes (is cut off from the store, and claims no more). Each
+// period has at most one run; each period that starts after the crashed
+// claim's AtMost + ClaimFree, and every period before the crash, has
+// exactly one.
 func testClaimTicks(s *suite) {
 	sched := s.claimSchedule()
-	cs := s.claimers(5, sched)
+	cs, fs := s.claimers(5, sched)
 	ctx, cancel := s.ctx(claimTicks*sched.Every + s.op)
 	defer cancel()
 	skew := sched.AtLeast / 2
@@ -251,7 +255,8 @@ func testClaimTicks(s *suite) {
 				}
 				mu.Unlock()
 				if crash {
-					continue
+					fs[i].Cut()
+					return
 				}
 				time.Sleep(100 * time.Millisecond)
 				if err := g.Unlock(ctx); err != nil {

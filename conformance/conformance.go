@@ -48,9 +48,9 @@ type Backend struct {
 
 	// NewSemaphore, if set, returns a counting semaphore called name that
 	// admits limit holders at once, on a new session of its own (one permit
-	// per session, as for NewLocker), and its faults. Its grants are
-	// permits. The Semaphore* properties run only if it is set.
-	NewSemaphore func(t *testing.T, name string, limit int) (holdfast.Locker, Faults)
+	// per session, as for NewLocker), with opts, and its faults. Its grants
+	// are permits. The Semaphore* properties run only if it is set.
+	NewSemaphore func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, Faults)
 
 	// NewRWMutex, if set, returns a read-write lock called name on a new
 	// session of its own, and its faults. The RW* properties run only if
@@ -78,6 +78,13 @@ type Backend struct {
 	// AtLeast (a released claim) the store may keep a claim: lease or
 	// session expiry granularity.
 	ClaimFree time.Duration
+
+	// NewMultiLocker, if set, returns a function that makes multi-name
+	// locks (of the names given, in any order) on one new session of its
+	// own, and that session's faults. The Multi* properties run only if it
+	// is set; MultiNoDeadlock runs for MultiRun (zero: 5 s).
+	NewMultiLocker func(t *testing.T) (func(names ...string) (MultiLocker, error), Faults)
+	MultiRun       time.Duration
 }
 
 // RWLocker is a read-write lock as the suite drives it: Lock and TryLock
@@ -91,6 +98,11 @@ type RWLocker interface {
 	// it, and returns an error wrapping holdfast.ErrLocked at once
 	// otherwise.
 	TryRLock(ctx context.Context) (holdfast.Grant, error)
+	// Downgrade turns w, a write grant of this lock, into a read grant
+	// with w's key and token, letting in the readers queued at the head
+	// and no writer. w ends (cause holdfast.ErrReleased) whether or not it
+	// succeeds; if w is not held, the error wraps holdfast.ErrNotHeld.
+	Downgrade(ctx context.Context, w holdfast.Grant) (holdfast.Grant, error)
 }
 
 // Faults act on one locker's session and its connection to the store.
@@ -153,6 +165,7 @@ const (
 	needsRWMutex   = "NewRWMutex"
 	needsElection  = "NewElection"
 	needsClaimer   = "NewClaimer"
+	needsMulti     = "NewMultiLocker"
 )
 
 // subtests is the suite, in the order Run runs it.
@@ -180,12 +193,16 @@ var subtests = []subtest{
 	{"SemaphoreKilledHolder", testSemaphoreKilledHolder, needsSemaphore},
 	{"SemaphoreCancelCleanup", testSemaphoreCancelCleanup, needsSemaphore},
 	{"SemaphoreLimitMismatch", testSemaphoreLimitMismatch, needsSemaphore},
+	{"SemaphorePromptAdmission", testSemaphorePromptAdmission, needsSemaphore},
+	{"SemaphoreReentrancy", testSemaphoreReentrancy, needsSemaphore},
 
 	{"RWExclusion", testRWExclusion, needsRWMutex},
 	{"RWReadersShare", testRWReadersShare, needsRWMutex},
 	{"RWWriterNotStarved", testRWWriterNotStarved, needsRWMutex},
 	{"RWCancelCleanup", testRWCancelCleanup, needsRWMutex},
 	{"RWTokens", testRWTokens, needsRWMutex},
+	{"RWPromptAdmission", testRWPromptAdmission, needsRWMutex},
+	{"RWDowngrade", testRWDowngrade, needsRWMutex},
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},
@@ -197,6 +214,10 @@ var subtests = []subtest{
 	{"ClaimOnce", testClaimOnce, needsClaimer},
 	{"ClaimAtMost", testClaimAtMost, needsClaimer},
 	{"ClaimTicks", testClaimTicks, needsClaimer},
+
+	{"MultiNoDeadlock", testMultiNoDeadlock, needsMulti},
+	{"MultiCancel", testMultiCancel, needsMulti},
+	{"MultiLoss", testMultiLoss, needsMulti},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a
@@ -229,6 +250,7 @@ func Run(t *testing.T, b Backend) {
 		needsRWMutex:   b.NewRWMutex != nil,
 		needsElection:  b.NewElection != nil,
 		needsClaimer:   b.NewClaimer != nil,
+		needsMulti:     b.NewMultiLocker != nil,
 	}
 	left := map[string][]string{}
 	for _, st := range subtests {
@@ -236,7 +258,7 @@ func Run(t *testing.T, b Backend) {
 			left[st.needs] = append(left[st.needs], st.name)
 		}
 	}
-	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer} {
+	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer, needsMulti} {
 		if len(left[needs]) > 0 {
 			t.Logf("conformance: Backend.%s is nil: not running %s", needs, strings.Join(left[needs], ", "))
 		}

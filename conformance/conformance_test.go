@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/conformance"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 const (
@@ -73,7 +73,7 @@ var brokenFakes = []struct {
 	{bugUnguardedUnlock, []string{"LossNotice", "DoubleUnlock", "Reentrancy"}},
 	{bugLossCleanupUnguarded, []string{"DeletedKey"}},
 	{bugStaleUnlockByName, []string{"DeletedKey"}},
-	{bugReentrantIgnored, []string{"Reentrancy"}},
+	{bugReentrantIgnored, []string{"Reentrancy", "SemaphoreReentrancy"}},
 	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
 	{bugGrantFromDeadSession, []string{"SessionClose"}},
 	{bugCloseCause, []string{"SessionClose"}},
@@ -88,6 +88,9 @@ var brokenFakes = []struct {
 	{bugSemOverAdmit, []string{"SemaphoreLimit", "SemaphoreTryLock"}},
 	{bugSemMismatchIgnored, []string{"SemaphoreLimitMismatch"}},
 	{bugSemDeadHolderKept, []string{"SemaphoreKilledHolder"}},
+	{bugLateAdmission, []string{"SemaphorePromptAdmission", "RWPromptAdmission"}},
+	{bugDowngradeNewToken, []string{"RWDowngrade"}},
+	{bugDowngradeKeepsWrite, []string{"RWDowngrade"}},
 	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
 	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
 	{bugRWReadersExclusive, []string{"RWReadersShare"}},
@@ -99,6 +102,16 @@ var brokenFakes = []struct {
 	{bugObserveSkips, []string{"ElectionObserve"}},
 	{bugObserveNoNone, []string{"ElectionObserve"}},
 	{bugObserveGhost, []string{"ElectionObserveWinners"}},
+
+	{bugClaimTwice, []string{"ClaimOnce", "ClaimTicks"}},
+	{bugClaimQueues, []string{"ClaimOnce"}},
+	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
+	{bugClaimToldLate, []string{"ClaimAtMost"}},
+	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
+
+	{bugMultiNoOrder, []string{"MultiNoDeadlock"}},
+	{bugMultiKeepsParts, []string{"MultiCancel"}},
+	{bugMultiIgnoresParts, []string{"MultiLoss"}},
 }
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
@@ -215,7 +228,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 // family is the primitive a subtest is about: "Semaphore", "RW",
 // "Election", or "Lock".
 func family(subtest string) string {
-	for _, f := range []string{"Semaphore", "RW", "Election"} {
+	for _, f := range []string{"Semaphore", "RW", "Election", "Claim", "Multi"} {
 		if strings.HasPrefix(subtest, f) {
 			return f
 		}
@@ -229,6 +242,9 @@ var allSubtests = []string{
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
-	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens",
+	"SemaphorePromptAdmission", "SemaphoreReentrancy",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
 	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
 }

@@ -93,7 +93,7 @@
 //     ElectionFailover, a killed leader is told within LossNotice and the
 //     next candidate wins within OpTimeout with a higher term.
 //
-// The suite is itself tested against a fake store with 41 deliberate bugs
-// (28 in locks, 13 in semaphores, read-write locks and elections), each of
-// which some property must catch.
+// The suite is itself tested against a fake store with 53 deliberate bugs
+// (in locks, semaphores, read-write locks, elections, claims and multi-name
+// locks), each of which some property must catch.
 package conformance

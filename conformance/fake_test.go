@@ -55,20 +55,23 @@ const (
 	bugHerd                 = "herd"                    // every waiter re-reads the queue on every change
 	bugLeakGoroutine        = "leak-goroutine"          // every grant starts a watcher goroutine that never ends
 
-	bugSemOverAdmit       = "sem-over-admission"      // a semaphore admits limit+1 holders
-	bugSemMismatchIgnored = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
-	bugSemDeadHolderKept  = "sem-dead-holder-kept"    // a killed session's permit is never given back
-	bugRWWriterBesideRead = "rw-writer-beside-reader" // a writer is admitted while readers hold
-	bugRWReaderBarges     = "rw-reader-barges"        // a reader passes a queued writer while readers hold
-	bugRWReadersExclusive = "rw-readers-exclusive"    // readers do not share
-	bugElectTwoLeaders    = "election-two-leaders"    // two candidates lead at once
-	bugElectTermsDecrease = "election-terms-decrease" // each term is lower than the last
-	bugElectToldLate      = "election-told-late"      // a resigning leader's context ends after its key is gone
-	bugLeaderNoError      = "leader-no-error"         // Leader returns the zero Leader and nil when nobody leads
-	bugObserveOutOfOrder  = "observe-out-of-order"    // Observe delivers pending changes newest first
-	bugObserveSkips       = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
-	bugObserveNoNone      = "observe-no-none"         // Observe never delivers "no leader"
-	bugObserveGhost       = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
+	bugSemOverAdmit        = "sem-over-admission"      // a semaphore admits limit+1 holders
+	bugSemMismatchIgnored  = "sem-mismatch-ignored"    // clients that disagree on the limit each use their own
+	bugSemDeadHolderKept   = "sem-dead-holder-kept"    // a killed session's permit is never given back
+	bugRWWriterBesideRead  = "rw-writer-beside-reader" // a writer is admitted while readers hold
+	bugLateAdmission       = "late-admission"          // a permit (or read grant) asked for while one is held waits for a release, though it fits
+	bugDowngradeNewToken   = "downgrade-new-token"     // Downgrade's read grant has a new token, not the write grant's
+	bugDowngradeKeepsWrite = "downgrade-keeps-write"   // a Downgrade that fails leaves the write grant held
+	bugRWReaderBarges      = "rw-reader-barges"        // a reader passes a queued writer while readers hold
+	bugRWReadersExclusive  = "rw-readers-exclusive"    // readers do not share
+	bugElectTwoLeaders     = "election-two-leaders"    // two candidates lead at once
+	bugElectTermsDecrease  = "election-terms-decrease" // each term is lower than the last
+	bugElectToldLate       = "election-told-late"      // a resigning leader's context ends after its key is gone
+	bugLeaderNoError       = "leader-no-error"         // Leader returns the zero Leader and nil when nobody leads
+	bugObserveOutOfOrder   = "observe-out-of-order"    // Observe delivers pending changes newest first
+	bugObserveSkips        = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
+	bugObserveNoNone       = "observe-no-none"         // Observe never delivers "no leader"
+	bugObserveGhost        = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
 )
 
 // fakeKind is the primitive a key belongs to.
@@ -111,6 +114,7 @@ type fakeEntry struct {
 	sess  *fakeSession
 	seq   uint64         // revision that created the key
 	held  bool           // the key holds the lock
+	late  bool           // bugLateAdmission: joined while a permit was held; waits for a release
 	token holdfast.Token // its fencing token, once held
 	lost  func()         // tells the holder its key was deleted
 
@@ -128,9 +132,9 @@ func (st *fakeStore) backend() conformance.Backend {
 			t.Helper()
 			return st.newLocker(t, name, kindLock, 0, opts)
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			t.Helper()
-			return st.newLocker(t, name, kindSem, limit, nil)
+			return st.newLocker(t, name, kindSem, limit, opts)
 		},
 		NewRWMutex: func(t *testing.T, name string) (conformance.RWLocker, conformance.Faults) {
 			t.Helper()
@@ -142,7 +146,10 @@ func (st *fakeStore) backend() conformance.Backend {
 			l, f := st.newLocker(t, name, kindElect, 0, nil)
 			return fakeElection{l}, f
 		},
-		ObserveAll: true,
+		ObserveAll:     true,
+		NewClaimer:     st.newClaimer,
+		NewMultiLocker: st.newMultiLocker,
+		ClaimFree:      time.Second,
 		Keys: func(t *testing.T, name string) []string {
 			st.mu.Lock()
 			defer st.mu.Unlock()
@@ -328,6 +335,9 @@ func (st *fakeStore) admitLocked(e *fakeEntry) bool {
 		holders, waiting := st.queueLocked(e.name)
 		return holders < limit && slices.Contains(waiting[:min(len(waiting), limit-holders)], e)
 	}
+	if e.late {
+		return false
+	}
 	var before, writers, heldWriters int
 	for _, o := range st.keys {
 		if o.name != e.name || o.seq >= e.seq {
@@ -367,6 +377,11 @@ func (st *fakeStore) admitLocked(e *fakeEntry) bool {
 // removedLocked records that e's key is gone: an election's leader's key
 // leaves the election without a leader until the next one takes over.
 func (st *fakeStore) removedLocked(e *fakeEntry) {
+	for _, o := range st.keys {
+		if o.name == e.name {
+			o.late = false
+		}
+	}
 	if e.kind == kindElect && (e.held || e.ghost) {
 		st.leaders[e.name] = append(st.leaders[e.name], holdfast.Leader{})
 	}
@@ -679,6 +694,10 @@ func (l *fakeLocker) acquireStore(ctx context.Context, try bool, kind fakeKind, 
 		}
 	}
 	e := &fakeEntry{key: l.key, kind: kind, limit: l.limit, value: slices.Clone(value), name: l.name, sess: s, seq: st.rev + 1}
+	if st.bug == bugLateAdmission && !try && (kind == kindSem || kind == kindRead) {
+		holders, _ := st.queueLocked(l.name)
+		e.late = holders > 0
+	}
 	if try {
 		if kind == kindLock || kind == kindElect {
 			holders, waiting := st.queueLocked(l.name)

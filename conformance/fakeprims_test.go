@@ -24,6 +24,64 @@ func (l fakeRW) TryRLock(ctx context.Context) (holdfast.Grant, error) {
 	return l.acquire(ctx, l.st.bug != bugTryLockBlocks, kindRead, nil)
 }
 
+// Downgrade turns w, a write grant of l, into a read grant with its key and
+// token: the entry becomes a reader's, so the readers queued behind it are
+// let in. w ends first, whatever happens next.
+func (l fakeRW) Downgrade(ctx context.Context, w holdfast.Grant) (holdfast.Grant, error) {
+	st := l.st
+	g, ok := w.(*fakeGrant)
+	switch {
+	case ctx == nil:
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	case !ok || g.l != l.fakeLocker || g.e.kind != kindWrite:
+		return nil, fmt.Errorf("%w: not a write grant of %s", holdfast.ErrInvalidArgument, l.name)
+	}
+	g.mu.Lock()
+	if g.count != 1 || g.ending || g.ctx.Err() != nil {
+		g.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", holdfast.ErrNotHeld, l.key)
+	}
+	if err := ctx.Err(); err != nil && st.bug == bugDowngradeKeepsWrite {
+		g.mu.Unlock()
+		return nil, fmt.Errorf("fake: downgrade %s: %w", l.name, err)
+	}
+	g.count, g.ending = 0, true
+	g.cancel(holdfast.ErrReleased)
+	g.mu.Unlock()
+	release := func() {
+		if l.sess.waitNet(context.Background(), false) == nil {
+			st.delete(l.key, g.e)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		g.end(release) // the outcome is unknown: released in the background
+		return nil, fmt.Errorf("fake: downgrade %s: %w", l.name, err)
+	}
+	if err := l.sess.call(ctx, false); err != nil {
+		g.end(release)
+		return nil, fmt.Errorf("fake: downgrade %s: %w", l.name, err)
+	}
+	st.mu.Lock()
+	if st.keys[l.key] != g.e {
+		st.mu.Unlock()
+		g.end(func() {})
+		return nil, fmt.Errorf("%w: %s was deleted", holdfast.ErrNotHeld, l.key)
+	}
+	g.e.kind = kindRead
+	if st.bug == bugDowngradeNewToken {
+		st.rev++
+		g.e.token = holdfast.Token(st.rev)
+	}
+	ng := l.newGrant(g.e)
+	st.notifyLocked()
+	st.mu.Unlock()
+	close(g.finished) // the read grant keeps the key and the slot
+	l.mu.Lock()
+	l.cur = ng
+	l.mu.Unlock()
+	return ng, nil
+}
+
 // fakeElection is a candidate: Campaign waits in the election's queue with
 // value.
 type fakeElection struct{ *fakeLocker }

@@ -308,3 +308,92 @@ func testRWTokens(s *suite) {
 		s.t.Errorf("keys left after every grant was released: %q", ks)
 	}
 }
+
+// testRWPromptAdmission: PromptAdmission for readers: 3 readers that call
+// RLock at the same moment are all granted promptly, and so are 2 beside a
+// reader already in, each 8 times.
+func testRWPromptAdmission(s *suite) {
+	ls := s.rws(4)
+	readers := make([]holdfast.Locker, 3)
+	for i := range readers {
+		readers[i] = readLocker{ls[i]}
+	}
+	s.promptAdmission(readLocker{ls[3]}, readers, "read grant")
+}
+
+// testRWDowngrade: Downgrade means the same on every store. W writes, R
+// waits to read, X waits to write behind R. Downgrade(W) returns a read
+// grant with W's key and token; W ends (ErrReleased; its Unlock fails with
+// ErrNotHeld); R is let in, X is not until both readers release. A
+// Downgrade with a done context fails and still ends the write grant, and
+// the lock is freed; a Downgrade of a grant that is not held fails with
+// ErrNotHeld.
+func testRWDowngrade(s *suite) {
+	ls := s.rws(3)
+	w, r, x := ls[0], readLocker{ls[1]}, ls[2]
+	gw := s.lock(w, "W (write)")
+	only := s.keys()
+	ctx, cancel := s.ctx(2 * s.op)
+	defer cancel()
+	rres := start(ctx, r, false)
+	ks, ok := s.waitKeys(keyWait, grows(len(only)))
+	if !ok {
+		s.t.Fatalf("R's key did not appear within %v: keys %q", keyWait, ks)
+	}
+	xres := start(ctx, x, false)
+	if ks, ok := s.waitKeys(keyWait, grows(len(ks))); !ok {
+		s.t.Fatalf("X's key did not appear within %v: keys %q", keyWait, ks)
+	}
+	s.waiting(rres, "R: RLock while W writes")
+
+	dctx, dcancel := s.ctx(s.op)
+	gd, err := w.Downgrade(dctx, gw)
+	dcancel()
+	if err != nil {
+		s.t.Fatalf("W: Downgrade: %v", err)
+	}
+	s.track(gd)
+	if gd.Key() != gw.Key() || gd.Token() != gw.Token() {
+		s.t.Errorf("W: Downgrade returned %s, want W's key and token: %s", describe(gd), describe(gw))
+	}
+	if !errors.Is(context.Cause(gw.Context()), holdfast.ErrReleased) {
+		s.t.Errorf("W: write grant's cause after Downgrade: %v, want holdfast.ErrReleased", context.Cause(gw.Context()))
+	}
+	if isDone(gd.Context()) {
+		s.t.Errorf("W: read grant context done after Downgrade: %v", context.Cause(gd.Context()))
+	}
+	if err := s.unlockErr(gw); !errors.Is(err, holdfast.ErrNotHeld) {
+		s.t.Errorf("W: Unlock of the downgraded write grant: %v, want an error matching holdfast.ErrNotHeld", err)
+	}
+	rr := s.await(rres, s.op+slack, "R: RLock after W's Downgrade")
+	if rr.err != nil {
+		s.t.Fatalf("R: RLock after W's Downgrade: %v, want the read grant beside W's", rr.err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	s.waiting(xres, "X: Lock while W (downgraded) and R read")
+	s.unlock(gd, "W (read)")
+	s.unlock(rr.g, "R")
+	xr := s.await(xres, s.op+slack, "X: Lock after the readers' release")
+	if xr.err != nil {
+		s.t.Fatalf("X: Lock after the readers' release: %v", xr.err)
+	}
+
+	// A Downgrade that fails ends the write grant all the same.
+	cctx, ccancel := context.WithCancel(s.root)
+	ccancel()
+	if g, err := x.Downgrade(cctx, xr.g); err == nil {
+		s.t.Errorf("X: Downgrade with a cancelled context succeeded: %s", describe(g))
+		s.unlock(g, "X (read)")
+	}
+	if !waitDone(xr.g.Context(), promptly) {
+		s.t.Errorf("X: write grant context not done after a failed Downgrade: want it ended whatever the outcome")
+	}
+	if _, err := x.Downgrade(s.root, xr.g); !errors.Is(err, holdfast.ErrNotHeld) {
+		s.t.Errorf("X: Downgrade of an ended write grant: %v, want an error matching holdfast.ErrNotHeld", err)
+	}
+	gw = s.relock(w, "W after X's failed Downgrade")
+	s.unlock(gw, "W")
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every grant was released: %q", ks)
+	}
+}

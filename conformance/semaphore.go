@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +17,9 @@ const semLimit = 3
 
 // semaphore returns a new semaphore of the subtest's name with limit, on a
 // session of its own, and its faults.
-func (s *suite) semaphore(limit int) (holdfast.Locker, Faults) {
+func (s *suite) semaphore(limit int, opts ...holdfast.LockOption) (holdfast.Locker, Faults) {
 	s.t.Helper()
-	l, f := s.b.NewSemaphore(s.t, s.name, limit)
+	l, f := s.b.NewSemaphore(s.t, s.name, limit, opts...)
 	if l == nil {
 		s.t.Fatal("Backend.NewSemaphore returned a nil Locker")
 	}
@@ -311,5 +312,125 @@ func testSemaphoreLimitMismatch(s *suite) {
 	s.unlock(ga, "A")
 	if ks, ok := s.waitKeys(settle, idle); !ok {
 		s.t.Errorf("keys left after A's release: %q", ks)
+	}
+}
+
+// promptRounds is how many times PromptAdmission lets contenders join
+// together, with and without a holder already in.
+const promptRounds = 8
+
+// testSemaphorePromptAdmission: contenders that fit under the limit and
+// join together are all granted promptly, none waiting for a release that
+// they do not need: 3 clients at once on a free semaphore with a limit of
+// 3, and 2 at once beside a holder, each 8 times.
+func testSemaphorePromptAdmission(s *suite) {
+	ls := s.semaphores(semLimit+1, semLimit)
+	s.promptAdmission(ls[semLimit], ls[:semLimit], "permit")
+}
+
+// promptAdmission is PromptAdmission on lockers that all fit at once: in
+// each round, the contenders (all of ls; all but one when holder is in
+// first) call Lock at the same moment, and each must be granted within
+// promptly of its call.
+func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, what string) {
+	s.t.Helper()
+	for round := range 2 * promptRounds {
+		withHolder := round%2 == 1
+		var gh holdfast.Grant
+		contenders := ls
+		if withHolder {
+			gh = s.tryLock(holder, fmt.Sprintf("round %d: H", round))
+			contenders = ls[1:]
+		}
+		ctx, cancel := s.ctx(promptly + slack)
+		gate := make(chan struct{})
+		chs := make([]<-chan result, len(contenders))
+		for i, l := range contenders {
+			ch := make(chan result, 1)
+			chs[i] = ch
+			go func() {
+				<-gate
+				ch <- <-start(ctx, l, false)
+			}()
+		}
+		close(gate)
+		var late []string
+		var gs []holdfast.Grant
+		for i, ch := range chs {
+			r := s.await(ch, promptly+2*slack, fmt.Sprintf("round %d: C%d: Lock", round, i))
+			switch {
+			case r.err != nil:
+				late = append(late, fmt.Sprintf("C%d failed after %v: %v", i, r.took.Round(time.Millisecond), r.err))
+			case r.took > promptly:
+				late = append(late, fmt.Sprintf("C%d granted after %v", i, r.took.Round(time.Millisecond)))
+				gs = append(gs, r.g)
+			default:
+				gs = append(gs, r.g)
+			}
+		}
+		cancel()
+		if len(late) > 0 {
+			s.t.Errorf("round %d (holder in first: %v): %d contenders that fit joined together, want each granted a %s within %v: %s",
+				round, withHolder, len(contenders), what, promptly, strings.Join(late, "; "))
+		}
+		for i, g := range gs {
+			s.unlock(g, fmt.Sprintf("round %d: C%d", round, i))
+		}
+		if gh != nil {
+			s.unlock(gh, fmt.Sprintf("round %d: H", round))
+		}
+		if s.t.Failed() {
+			return
+		}
+	}
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every %s was released: %q", what, ks)
+	}
+}
+
+// testSemaphoreReentrancy: WithReentrant means on a semaphore what it means
+// on a lock: R, reentrant, takes a permit of a semaphore with a limit of 2
+// and locks again at once, getting the same key and token and no second
+// permit (O1 takes the last permit, and O2 finds none); R's permit is
+// released by the Unlock that matches its first Lock (after which O2 gets
+// it), and a third Unlock fails with ErrNotHeld.
+func testSemaphoreReentrancy(s *suite) {
+	const limit = 2
+	r, _ := s.semaphore(limit, holdfast.WithReentrant())
+	o1, _ := s.semaphore(limit)
+	o2, _ := s.semaphore(limit)
+	g1 := s.lock(r, "R (reentrant), first Lock")
+	ctx, cancel := s.ctx(2 * time.Second)
+	res := s.await(start(ctx, r, false), 2*time.Second+slack, "R: second (reentrant) Lock")
+	cancel()
+	if res.err != nil {
+		s.t.Fatalf("R: second Lock on a reentrant semaphore that holds a permit: %v, want it to succeed at once", res.err)
+	}
+	g2 := res.g
+	if g2.Token() != g1.Token() || g2.Key() != g1.Key() {
+		s.t.Errorf("R: reentrant Lock returned %s, want the same key and token as %s", describe(g2), describe(g1))
+	}
+	gO1 := s.tryLock(o1, "O1 beside R (one permit of 2 left)")
+	s.expectLocked(o2, "O2 while R (twice) and O1 hold")
+	s.unlock(g2, "R, first Unlock")
+	if isDone(g1.Context()) {
+		s.t.Errorf("R: permit context done after the first of two Unlocks: %v", context.Cause(g1.Context()))
+	}
+	s.expectLocked(o2, "O2 while R still holds once")
+	s.unlock(g1, "R, second Unlock")
+	if !errors.Is(context.Cause(g1.Context()), holdfast.ErrReleased) {
+		s.t.Errorf("R: permit context cause after the last Unlock: %v, want holdfast.ErrReleased", context.Cause(g1.Context()))
+	}
+	gO2 := s.relock(o2, "O2 after R's last Unlock")
+	if err := s.unlockErr(g1); !errors.Is(err, holdfast.ErrNotHeld) {
+		s.t.Errorf("R: third Unlock: %v, want an error matching holdfast.ErrNotHeld", err)
+	}
+	if isDone(gO2.Context()) {
+		s.t.Errorf("O2's permit context done after R's third Unlock: %v", context.Cause(gO2.Context()))
+	}
+	s.unlock(gO1, "O1")
+	s.unlock(gO2, "O2")
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every permit was released: %q", ks)
 	}
 }

@@ -73,9 +73,9 @@ func TestConformance(t *testing.T) {
 			}
 			return holdfast.AsLocker[*Grant](m), f
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			s, f := session(t)
-			sem, err := NewSemaphore(s, name, limit)
+			sem, err := NewSemaphore(s, name, limit, opts...)
 			if err != nil {
 				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
 			}
@@ -104,6 +104,16 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("NewOnce(%q): %v", name, err)
 			}
 			return conformance.AsClaimer[*Claim](o), f
+		},
+		NewMultiLocker: func(t *testing.T) (func(names ...string) (conformance.MultiLocker, error), conformance.Faults) {
+			s, f := session(t)
+			return func(names ...string) (conformance.MultiLocker, error) {
+				m, err := NewMultiMutex(s, names...)
+				if err != nil {
+					return nil, err
+				}
+				return conformance.AsMultiLocker[*MultiGrant](m), nil
+			}, f
 		},
 		// AtMost is Consul's floor (2 x MinTTL); Consul invalidates the
 		// claim session by 2 x TTL = AtMost, give or take its timer.

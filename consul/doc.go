@@ -21,82 +21,41 @@
 //
 // # Locks
 //
-// A [Mutex] on name holds the key "<name>/.lock" ([LockKey]) with the session
-// and api.Lock's flags, exactly as api.Lock with LockOptions{Key: name +
-// "/.lock"} and `consul lock name cmd` do, so holdfast and those clients
-// exclude each other on one lock. holdfast contenders queue in FIFO order
-// under "<name>/.queue/<session ID>"; only the head of the queue tries to
-// acquire, and each waiter watches only the one ahead of it. On Unlock, a
-// holder hands the lock directly to the current head of the queue, in one
-// transaction (a waiter that queued after the holder acquired the lock
-// announces itself with a write to the lock key that keeps its holder, so
-// Unlock reads the queue only then), so foreign api.Lock or `consul lock`
-// clients get the lock only when no holdfast waiter queues (Consul still
-// enforces exclusion). Lock, TryLock, Unlock and [Grant.Txn] return within
-// milliseconds of their context ending, even with Consul unreachable; what
-// must still be removed from Consul is removed by the session in the
-// background, as soon as Consul can be reached, while the session lives.
-//
-// A [Grant] is held while our session holds the lock key. Its fencing token
-// is the ModifyIndex of the write that acquired the key (not its LockIndex,
-// which a plain write resets), and [Grant.Txn] runs KV operations in a
-// transaction that applies only while the grant is held (a check-session on
-// the lock key); it refuses operations on the lock's own keys.
-//
-// Names nest as on etcd: a lock on "a" fails with holdfast.ErrConflict if
-// keys of a longer name (such as "a/b/.lock") lie under "a/".
-//
-// To share a lock with a shell script, run `consul lock <name> cmd` (one
-// holder at a time, the default): it uses the same key and flags. A key used
-// by `consul lock -n N` (a semaphore) is refused with holdfast.ErrConflict.
+// A [Mutex] on name holds the key "<name>/.lock" ([LockKey]) with the
+// session and api.Lock's flags, as api.Lock with LockOptions{Key: name +
+// "/.lock"} and `consul lock name cmd` do, so they and holdfast exclude each
+// other. holdfast contenders are served first come, first served; foreign
+// clients get the lock only when no holdfast waiter queues. Lock, TryLock,
+// Unlock and [Grant.Txn] return within milliseconds of their context ending,
+// even with Consul unreachable; what must still be removed from Consul is
+// removed by the session in the background while it lives. A [Grant]'s
+// fencing token is the ModifyIndex of the write that acquired the key, and
+// [Grant.Txn] applies only while the grant is held. Names nest as on etcd:
+// a lock on "a" fails with holdfast.ErrConflict if keys of a longer name lie
+// under "a/". A key used by `consul lock -n N` is refused the same way.
 //
 // # Semaphores and read-write locks
 //
-// A [Semaphore] on name with limit N lets at most N sessions hold a permit
-// at once. It uses api.Semaphore's layout with prefix name: contender keys
-// "<name>/<session ID>" acquired with their session, and "<name>/.lock"
-// holding {"Limit":N,"Holders":{...}}, flagged api.SemaphoreFlagValue; so
-// api.Semaphore and `consul lock -n N <name> cmd` share its permits.
-// holdfast contenders queue by their keys' CreateIndex: a releasing holder
-// hands its permit to the head of the queue in the same CAS of the lock key
-// that removes it, and marks the new holder's key, which that waiter
-// watches; only the head (and only when a foreign contender is about, or it
-// joined a full semaphore) watches the lock key. Measured with limit 4, 32
-// contenders and no hold time: about 6.5 HTTP requests per acquisition,
-// blocking queries included (api.Semaphore: about 55), and 6 to 9 times
-// api.Semaphore's acquisitions per second (TestSemaphoreVersusAPI). A
-// client with another limit gets holdfast.ErrConflict naming both.
-//
-// An [RWMutex] (readers share, a writer excludes everyone, FIFO, and
-// [RWMutex.Downgrade] from write to read without a gap) has no native Consul
-// layout: it is the Semaphore's, with its own flags ([RWMutexFlagValue]) and
-// lock value {"Holders":{"<session ID>":"read"|"write"}}. A Mutex, api.Lock,
-// a Semaphore or api.Semaphore on its name fails, and the other way round.
-//
-// Permits and read or write locks are Grants too: their key is the
-// holder's contender key, their guard (for [Grant.Txn]) a check-session on
-// it, their token the ModifyIndex of the lock-key write that admitted them.
-// A holder whose session ends stops being counted (the next write prunes
-// holders whose session holds no key under the name; a waiting head re-reads
-// every 5 s for that); its context is cancelled first, at the session's safe
-// deadline, when the session ends by its TTL.
+// A [Semaphore] with limit N lets at most N sessions hold a permit at once,
+// in api.Semaphore's layout, so api.Semaphore and `consul lock -n N <name>
+// cmd` share its permits; a client with another limit gets
+// holdfast.ErrConflict naming both. An [RWMutex] (readers share, a writer
+// excludes everyone, FIFO, [RWMutex.Downgrade] without a gap) uses the same
+// layout with its own flags ([RWMutexFlagValue]) and lock value. Their grants
+// are Grants too: the key is the holder's contender key, the token the
+// ModifyIndex of the write that admitted it.
 //
 // # Elections
 //
 // An [Election] on name is Consul's documented leader-election pattern: the
 // leader is the session that holds "<name>/.lock" (api.Lock's flags), and
-// the key's value is the leader's proposal, so api.Lock and `consul lock`
-// exclude holdfast candidates and anyone who reads the key sees the leader.
-// Candidates wait in the Mutex's FIFO queue; the head takes the key when it
-// is free, right when the previous holder's lock-delay ends (to the
-// millisecond, not on api.Lock's 5 s retry). Campaign returns the
-// leadership as a *Grant (term = the ModifyIndex of the acquiring write,
-// which creates the key anew so that the term stays readable as its
-// CreateIndex); Resign deletes the key, guarded; Proclaim rewrites the value
-// while our session holds the key; Leader and Observe (blocking queries on
-// the key: it may coalesce rapid changes) report the leader, its value and
-// term, or "no leader" when the key is free or absent. leader.Run drives an
-// Election in a loop.
+// the key's value is the leader's proposal. Campaign returns the leadership
+// as a *Grant (term = the ModifyIndex of the acquiring write, readable as
+// the key's CreateIndex); Resign, Proclaim, Leader and Observe act on that
+// key. leader.Run drives an Election in a loop.
+//
+// The algorithms are described step by step in docs/DESIGN.md, and their
+// measured costs in docs/BENCHMARKS.md.
 //
 // Errors wrap the sentinels of package holdfast: ErrInvalidArgument
 // (returned before any request), ErrLocked, ErrNotHeld, ErrLost, ErrNoLeader,

@@ -95,7 +95,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 // the Mutex's): in one transaction, guarded by our session holding the key,
 // it deletes the key and acquires it anew with our value, and deletes our
 // queue key. The term is that write's index.
-func (a *acquisition) retake() (uint64, error) {
+func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	m := a.m
 	ops := api.TxnOps{
 		checkSession(m.lockKey, m.s.id),
@@ -103,9 +103,9 @@ func (a *acquisition) retake() (uint64, error) {
 		lockOp(m.lockKey, m.s.id, a.el.value),
 		kvOp(api.KVDelete, m.queueKey),
 	}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):

@@ -282,11 +282,13 @@ func ExampleRWMutex() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("read tokens after the write:", rd.Token() > w.Token() && r2.Token() > w.Token())
+	fmt.Println("read grant keeps the write's token:", rd.Token() == w.Token())
+	fmt.Println("a later reader's token is newer:", r2.Token() > w.Token())
 	_ = r2.Unlock(ctx)
 	_ = rd.Unlock(ctx)
 	// Output:
 	// writer beside a reader: false
 	// write grant ended: true
-	// read tokens after the write: true
+	// read grant keeps the write's token: true
+	// a later reader's token is newer: true
 }

@@ -32,25 +32,16 @@ func LockKey(name string) string { return name + lockSuffix }
 //
 // The lock is the key "<name>/.lock", acquired with the session and flagged
 // like api.Lock's (api.LockFlagValue), so api.Lock and `consul lock` users of
-// the same key exclude holdfast and the other way round. Waiters queue under
-// "<name>/.queue/<session ID>", keys acquired with their session and ordered
-// by CreateIndex, and "<name>/.tail" names the waiter that queued last (it
-// exists only while somebody queues); only the head of the queue tries to
-// acquire the lock, and every other waiter watches only the waiter just
-// ahead of it, so a release wakes one waiter, and no waiter reads the whole
-// queue on its way to the lock (unless a waiter just ahead of it gives up or
-// dies): the requests and bytes an acquisition costs do not grow with the
-// queue. On Unlock, a holder hands the lock directly to the
-// current head of the queue (see Grant.Unlock). Foreign api.Lock clients do
-// not queue: they may take the lock ahead of holdfast waiters when it is
-// free, but while holdfast waiters queue, a holdfast holder hands it to the
-// head of them, so foreign clients get it only when no holdfast waiter
-// queues. Either way Consul's lock never lets two sessions hold it.
+// the same key exclude holdfast and the other way round. holdfast waiters
+// queue under "<name>/.queue/<session ID>" ("<name>/.tail" names the last
+// one while somebody queues); a release wakes one waiter, and what an
+// acquisition costs does not grow with the queue (see docs/DESIGN.md).
+// Foreign clients do not queue: they get the lock only when it is free and
+// no holdfast waiter queues. Consul's lock never lets two sessions hold it.
 //
 // Names nest as on etcd: a Mutex on "a" fails with holdfast.ErrConflict if
-// it finds keys of a longer name (anything under "a/" other than "a/.lock",
-// "a/.tail" and "a/.queue/<session>", such as the lock key "a/b/.lock" of a Mutex on
-// "a/b"), and leaves nothing behind; the longer name is unaffected.
+// it finds keys of a longer name under "a/" (such as "a/b/.lock"), and
+// leaves nothing behind.
 //
 // A Mutex belongs to one Session. Lock and TryLock may be called from many
 // goroutines: through one Session, acquisitions of the same name take turns
@@ -128,11 +119,14 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
+	if err := m.s.alive(); err != nil {
+		return nil, err
 	}
 	if g, ok := m.reentry.Enter(); ok {
 		return g, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
 	}
 	end, err := m.s.begin()
 	if err != nil {
@@ -143,7 +137,8 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	defer m.s.keeper.Waiting(m.name)()
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
-	a := &acquisition{m: m, ctx: ctx, wctx: wctx, el: el}
+	a := &acquisition{m: m, el: el}
+	fail := func(err error) error { return m.fail(ctx, wctx, err) }
 
 	var free func()
 	if try {
@@ -152,13 +147,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
 		}
 	} else if free, err = m.s.names.Acquire(wctx, m.name); err != nil {
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
-	token, err := a.run(try)
+	token, err := a.run(wctx, try)
 	if err != nil {
 		if !a.left {
 			free()
-			return nil, a.fail(err)
+			return nil, fail(err)
 		}
 		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, free)
 		grace := time.NewTimer(cleanupGrace)
@@ -171,7 +166,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 			case <-grace.C:
 			}
 		}
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	if el != nil {
 		a.next = nil // an election's grant hands nothing over
@@ -200,18 +195,19 @@ func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*G
 	return g, nil
 }
 
-// fail picks the error a failed acquisition returns: the caller's context
-// error if it ended the call, the session's cause if the session did, err
-// otherwise.
-func (a *acquisition) fail(err error) error {
-	if a.wctx.Err() == nil {
+// fail picks the error a failed acquisition returns: the session's cause if
+// the session ended, else the caller's context error if it ended the call
+// (ctx is the caller's, wctx the one the acquisition ran under, which ends
+// with ctx or the session), err otherwise (etcd's order).
+func (m *Mutex) fail(ctx, wctx context.Context, err error) error {
+	if wctx.Err() == nil {
 		return err
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.m.name, cerr)
-	}
-	if serr := a.m.s.alive(); serr != nil {
+	if serr := m.s.alive(); serr != nil {
 		return serr
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", m.name, cerr)
 	}
 	return err
 }

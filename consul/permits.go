@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -45,9 +44,8 @@ const (
 	valWrite    = "holdfast write" // an RWMutex's waiting writer
 	valHeld     = "holdfast held"
 	valHeldNext = "holdfast held+next"
-	// valDowngraded is an RWMutex's key after Downgrade: a write that
-	// leaves a key's value as it was does not move its ModifyIndex, and the
-	// read grant's token is the index of the downgrade's write.
+	// valDowngraded is an RWMutex's key after Downgrade (the read grant
+	// keeps the write grant's token).
 	valDowngraded = "holdfast held, downgraded"
 )
 
@@ -197,7 +195,7 @@ func (p *permits) decode(lock *api.KVPair) (permitState, error) {
 	case err != nil:
 		return permitState{}, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
 	case !p.rw() && st.limit != p.limit:
-		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrConflict, p.name, st.limit, p.limit)
+		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit)
 	}
 	return st, nil
 }
@@ -421,6 +419,57 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	return ops
 }
 
+// roomy reports whether st leaves a permit free for some contender (a
+// Semaphore's permit; an RWMutex's read grant). A transaction that writes
+// such a state reads the subtree after its writes, and its sender passes
+// the free permits on (see passOn).
+func (p *permits) roomy(st permitState) bool { return p.fits(st, false) }
+
+// readAfter is the operation, last in a transaction, that reads the
+// subtree as the transaction's writes left it.
+func (p *permits) readAfter() *api.TxnOp { return kvOp(api.KVGetTree, p.prefix) }
+
+// passOn admits, after a write of ours left permits free, the waiters that
+// now fit: those that joined after the view the write was computed from
+// and before it landed. Such a waiter found a holdfast waiter ahead of it
+// and trusts the write that admits that one to admit it too, or to leave it
+// at the head of a full semaphore (then the next release, whose read comes
+// after our write, hands it a permit). v is the subtree as our write left
+// it. A waiter that joined after our write saw it, and is at the head or
+// behind someone whose admission it watches. Best effort: on an error the
+// waiters re-read after blockWait.
+func (p *permits) passOn(ctx context.Context, v pview) {
+	for attempt := 1; attempt <= maxLeaveAttempts && v.err == nil; attempt++ {
+		st, in := p.admit(v.st, v.waiters)
+		if len(in) == 0 {
+			return
+		}
+		ops := p.writeOps(v, st, in)
+		room := p.roomy(st)
+		if room {
+			ops = append(ops, p.readAfter())
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err := p.s.txn(rctx, ops)
+		cancel()
+		var rb *rollback
+		switch {
+		case err == nil && room:
+			v = p.parse(resp.Results) // admitted; more may fit
+		case errors.As(err, &rb) && !rb.denied():
+			// The lock key or a waiter changed: read again.
+			if !sleep(ctx, backoff(attempt)) {
+				return
+			}
+			if v, err = p.read(ctx); err != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
 // read returns the subtree in one read-only transaction.
 func (p *permits) read(ctx context.Context) (pview, error) {
 	return p.readOps(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
@@ -470,8 +519,7 @@ const (
 type permitHold struct {
 	p         *permits
 	exclusive bool
-	free      func()      // frees the name in-process; moved to the read grant on Downgrade
-	moved     atomic.Bool // Downgrade replaced the grant: its release and done do nothing
+	free      func() // frees the name in-process; passed to the read grant on Downgrade
 }
 
 // leave is a release or a cleanup: it removes us from the holders (handing
@@ -515,6 +563,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			ops = append(ops, checkSession(p.myKey, p.s.id))
 		}
 		held := len(ops)
+		after := false // read the subtree after the writes, and passOn
 		_, in := v.st.holders[p.s.id]
 		switch {
 		case v.err != nil && in:
@@ -546,11 +595,15 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			} else {
 				ops = append(ops, kvOp(api.KVDelete, p.myKey))
 			}
+			after = p.roomy(st)
 		default:
 			if downgrade {
 				return 0, fmt.Errorf("%w: %s is no longer counted among the holders of %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 			}
 			ops = append(ops, deleteCAS(p.myKey, v.me.ModifyIndex))
+			// A waiter behind us that joined after our read may trust us
+			// to admit it: read after the write, and pass the permits on.
+			after = v.err == nil
 			if others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey }); v.err == nil && len(others) > 0 {
 				// A waiter that leaves passes the baton: it admits the
 				// waiters that now fit (it may have been the head, with
@@ -563,11 +616,18 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				ops = append(ops, p.writeOps(*v, st, admitted)...)
 			}
 		}
+		n := len(ops)
+		if after {
+			ops = append(ops, p.readAfter())
+		}
 		resp, err := p.s.txn(ctx, ops)
+		if err == nil && after && len(resp.Results) >= n {
+			p.passOn(ctx, p.parse(resp.Results))
+		}
 		var rb *rollback
 		switch {
 		case err == nil && downgrade:
-			return resp.Results[len(resp.Results)-1].KV.ModifyIndex, nil
+			return resp.Results[n-1].KV.ModifyIndex, nil
 		case err == nil && how == leaveRelease && !in:
 			// A holder's entry is pruned only once its key is gone: the
 			// lock key was rewritten or deleted from outside.
@@ -591,7 +651,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
 	h := &permitHold{p: p, exclusive: exclusive, free: free}
 	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, h.done)
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
@@ -599,29 +659,14 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-func (h *permitHold) done() {
-	if !h.moved.Load() {
-		h.free()
-	}
-}
-
 // releasePermit is a permit's release (see core.NewGrant): after Unlock, a
 // leave from the view the grant last had (then from reads); after a loss,
 // one leave from a read, which does nothing if our session no longer holds
 // the key.
 func (g *Grant) releasePermit(ctx context.Context) error {
-	h := g.permit
-	if h.moved.Load() {
-		return nil
-	}
-	var err error
-	if errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
-		if errors.Is(err, holdfast.ErrNotHeld) {
-			g.s.checkSoon()
-		}
-	} else {
-		_, err = h.p.leave(ctx, nil, leaveRelease)
+	_, err := g.permit.p.leave(ctx, nil, leaveRelease)
+	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		g.s.checkSoon() // an Unlock found the key taken: look at the others
 	}
 	if err == nil || core.Final(err) {
 		g.s.forget(g)
@@ -632,7 +677,6 @@ func (g *Grant) releasePermit(ctx context.Context) error {
 // pacq is one acquisition of a permit in progress.
 type pacq struct {
 	p         *permits
-	ctx, wctx context.Context // the caller's; ends with it or with the session
 	exclusive bool
 	left      bool // something of ours may be in Consul (see Mutex's acquisition)
 	// uncertain: a join or an admission was sent and its outcome is unknown
@@ -645,10 +689,13 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
+	s := p.s
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", p.name, err)
 	}
-	s := p.s
 	end, err := s.begin()
 	if err != nil {
 		return nil, err
@@ -658,7 +705,8 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 	defer s.keeper.Waiting(p.name)()
 	wctx, cancel := s.bind(ctx)
 	defer cancel()
-	a := &pacq{p: p, ctx: ctx, wctx: wctx, exclusive: exclusive}
+	a := &pacq{p: p, exclusive: exclusive}
+	fail := func(err error) error { return p.fail(ctx, wctx, err) }
 	var free func()
 	if try {
 		var ok bool
@@ -666,26 +714,20 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, p.name)
 		}
 	} else if free, err = s.names.Acquire(wctx, p.name); err != nil {
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	var token uint64
 	if try {
-		token, err = a.try()
+		token, err = a.try(wctx)
 	} else {
-		token, err = a.run()
+		token, err = a.run(wctx)
 	}
 	if err != nil {
 		if !a.left {
 			free()
-			return nil, a.fail(err)
+			return nil, fail(err)
 		}
-		done := s.cleanUp(leftover{name: p.name, fn: func(ctx context.Context) error {
-			_, err := p.leave(ctx, nil, leaveCleanup)
-			if errors.Is(err, holdfast.ErrNotHeld) {
-				return nil // our session no longer holds the key: nothing to remove
-			}
-			return err
-		}}, free)
+		done := s.cleanUp(p.leftover(), free)
 		if a.uncertain {
 			p.sweepLater()
 		}
@@ -699,13 +741,25 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool) (*Grant, err
 			case <-grace.C:
 			}
 		}
-		return nil, a.fail(err)
+		return nil, fail(err)
 	}
 	g, err := p.grant(token, exclusive, free)
 	if err == nil {
 		g.base.Observed(p.name, start)
 	}
 	return g, err
+}
+
+// leftover is the cleanup of what a failed acquisition or Downgrade may
+// have left: our key, and our place among the holders.
+func (p *permits) leftover() leftover {
+	return leftover{name: p.name, fn: func(ctx context.Context) error {
+		_, err := p.leave(ctx, nil, leaveCleanup)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			return nil // our session no longer holds the key: nothing to remove
+		}
+		return err
+	}}
 }
 
 // sweepDelays are when, after a failed acquisition whose join or admission
@@ -739,16 +793,18 @@ func (p *permits) sweepLater() {
 	})
 }
 
-// fail picks the error a failed acquisition returns (see acquisition.fail).
-func (a *pacq) fail(err error) error {
-	if a.wctx.Err() == nil {
+// fail picks the error a failed acquisition returns (see acquisition.fail):
+// ctx is the caller's, wctx the one the acquisition ran under (it ends with
+// ctx or with the session).
+func (p *permits) fail(ctx, wctx context.Context, err error) error {
+	if wctx.Err() == nil {
 		return err
 	}
-	if cerr := a.ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", a.p.name, cerr)
-	}
-	if serr := a.p.s.alive(); serr != nil {
+	if serr := p.s.alive(); serr != nil {
 		return serr
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("holdfast/consul: lock %s: %w", p.name, cerr)
 	}
 	return err
 }
@@ -756,9 +812,9 @@ func (a *pacq) fail(err error) error {
 // try is TryLock: one read; if the permit is free and nobody waits, one
 // transaction that creates our key already admitted and adds us to the lock
 // key by CAS. It writes nothing otherwise.
-func (a *pacq) try() (uint64, error) {
+func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
-	v, err := p.read(a.wctx)
+	v, err := p.read(ctx)
 	if testHookTryRead != nil && err == nil {
 		testHookTryRead(p)
 	}
@@ -775,19 +831,24 @@ func (a *pacq) try() (uint64, error) {
 	st.holders[p.s.id] = a.exclusive
 	ops := p.writeOps(v, st, nil)
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(valHeld)}})
-	return a.admitTxn(ops, len(ops)-1, true)
+	return a.admitTxn(ctx, ops, len(ops)-1, true, p.roomy(st))
 }
 
 // admitTxn sends ops, which write st to the lock key (their first operation,
 // admitting in) and put our key in its held state (operation mine), and
 // returns the token. A race (the lock key or a waiter changed) is token 0
-// with no error, or ErrLocked if try.
-func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
+// with no error, or ErrLocked if try. If room (st leaves a permit free), the
+// transaction reads the subtree after its writes, and the permits are
+// passed on to the waiters that joined meanwhile (see passOn).
+func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, mine int, try, room bool) (uint64, error) {
 	p := a.p
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	if room {
+		ops = append(ops, p.readAfter())
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true
-	resp, err := p.s.txn(ctx, ops)
+	resp, err := p.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -811,12 +872,15 @@ func (a *pacq) admitTxn(ops api.TxnOps, mine int, try bool) (uint64, error) {
 	if ours == nil || ours.Key != p.myKey {
 		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	}
+	if room {
+		p.passOn(ctx, p.parse(resp.Results))
+	}
 	return ours.ModifyIndex, nil
 }
 
 // join creates our contender key (replacing a leftover of ours, so that our
 // place is at the back) and reads the subtree, in one transaction.
-func (a *pacq) join() (pview, error) {
+func (a *pacq) join(ctx context.Context) (pview, error) {
 	p := a.p
 	ops := api.TxnOps{
 		kvOp(api.KVDelete, p.myKey),
@@ -824,9 +888,9 @@ func (a *pacq) join() (pview, error) {
 		kvOp(api.KVGetTree, p.prefix),
 	}
 	a.left = true
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := p.s.txn(ctx, ops)
+	resp, err := p.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -844,22 +908,22 @@ func (a *pacq) join() (pview, error) {
 }
 
 // run is Lock's algorithm (see Semaphore).
-func (a *pacq) run() (uint64, error) {
+func (a *pacq) run(ctx context.Context) (uint64, error) {
 	p := a.p
-	v, err := a.join()
+	v, err := a.join(ctx)
 	if err != nil {
 		return 0, err
 	}
 	joins := 1
 	for {
-		if err := a.wctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		if v.err != nil {
 			return 0, v.err
 		}
 		if len(v.dead) > 0 {
-			a.dropDead(v.dead)
+			a.dropDead(ctx, v.dead)
 			v.dead = nil
 		}
 		if v.admitted(p) {
@@ -871,19 +935,21 @@ func (a *pacq) run() (uint64, error) {
 			if joins++; joins > 3 { // in a row
 				return 0, fmt.Errorf("holdfast/consul: %s: our contender key keeps vanishing", p.name)
 			}
-			if v, err = a.join(); err != nil {
+			if v, err = a.join(ctx); err != nil {
 				return 0, err
 			}
 			continue
 		}
 		joins = 0
 		if ahead := v.ahead(); len(ahead) > 0 && !v.foreign {
-			// Holdfast waiters are ahead of us: each of them is admitted
-			// by a write to the lock key after we joined, so once we are
-			// the head, every holdfast release that frees a permit hands
-			// it to us, marking our key. Watch our own key (re-reading
-			// every blockWait, which prunes dead holders).
-			if token, got, err := a.awaitHandoff(v.me); err != nil || got {
+			// Holdfast waiters are ahead of us: the write that admits
+			// the last of them admits us too if we fit, or passes the
+			// permit on to us after it (passOn: it may have been computed
+			// before we joined); after it, every holdfast release that
+			// frees a permit hands it to us, marking our key. Watch our
+			// own key (re-reading every blockWait, which prunes dead
+			// holders).
+			if token, got, err := a.awaitHandoff(ctx, v.me); err != nil || got {
 				return token, err
 			}
 		} else if len(ahead) > 0 {
@@ -892,7 +958,7 @@ func (a *pacq) run() (uint64, error) {
 			// (its key is marked held by the write that admitted it), gone,
 			// or dead.
 			pred := ahead[len(ahead)-1]
-			next, err := a.watch(pred.key, pred.index, false)
+			next, err := a.watch(ctx, pred.key, pred.index, false)
 			if err != nil {
 				return 0, err
 			}
@@ -901,23 +967,23 @@ func (a *pacq) run() (uint64, error) {
 				case valHeldNext: // admitted with us: our token is that write's
 					return next.ModifyIndex, nil
 				case valHeld: // we are the head now: wait on the lock key
-					lock, err := a.watch(p.lockKey, next.ModifyIndex, true)
+					lock, err := a.watch(ctx, p.lockKey, next.ModifyIndex, true)
 					if err != nil {
 						return 0, err
 					}
 					if lock != nil {
 						v.lock, v.fresh = lock, false
 						v.waiters = slices.DeleteFunc(v.waiters, func(w contender) bool { return w.create < v.me.CreateIndex })
-						if token, got, err := a.atHead(v); err != nil || got {
+						if token, got, err := a.atHead(ctx, v); err != nil || got {
 							return token, err
 						}
 					}
 				}
 			}
-		} else if token, got, err := a.atHead(v); err != nil || got {
+		} else if token, got, err := a.atHead(ctx, v); err != nil || got {
 			return token, err
 		}
-		if v, err = p.read(a.wctx); err != nil {
+		if v, err = p.read(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -927,16 +993,16 @@ func (a *pacq) run() (uint64, error) {
 // for us, wait for it to change (at most blockWait, then a read prunes dead
 // holders), and admit us (with the waiters behind us that fit) once it has.
 // It reports whether we got in; if not, the caller reads again.
-func (a *pacq) atHead(v pview) (uint64, bool, error) {
+func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
 	for {
-		token, got, full, err := a.tryHead(v)
+		token, got, full, err := a.tryHead(ctx, v)
 		if err != nil || got || !full || v.lock == nil {
 			return token, got, err
 		}
 		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
-			return a.awaitHandoff(v.me)
+			return a.awaitHandoff(ctx, v.me)
 		}
-		lock, err := a.watch(a.p.lockKey, v.lock.ModifyIndex, true)
+		lock, err := a.watch(ctx, a.p.lockKey, v.lock.ModifyIndex, true)
 		if err != nil || lock == nil {
 			return 0, false, err
 		}
@@ -951,8 +1017,8 @@ func (a *pacq) atHead(v pview) (uint64, bool, error) {
 // token as its index. It reports whether we got in; if not (no change within
 // blockWait, so that dead holders are pruned, or another change), the
 // caller reads again.
-func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
-	pair, err := a.watch(a.p.myKey, me.ModifyIndex, true)
+func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair) (uint64, bool, error) {
+	pair, err := a.watch(ctx, a.p.myKey, me.ModifyIndex, true)
 	if err != nil || pair == nil || pair.Session != a.p.s.id {
 		return 0, false, err
 	}
@@ -967,7 +1033,7 @@ func (a *pacq) awaitHandoff(me *api.KVPair) (uint64, bool, error) {
 // key comes from a watch), nobody is pruned, and finding our session among
 // the holders means a handoff to us (or a stale entry): not got, read again.
 // full reports that there is no room for us.
-func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
+func (a *pacq) tryHead(ctx context.Context, v pview) (token uint64, got, full bool, err error) {
 	p := a.p
 	st := v.st
 	if !v.fresh {
@@ -988,21 +1054,21 @@ func (a *pacq) tryHead(v pview) (token uint64, got, full bool, err error) {
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}
-	token, err = a.admitTxn(p.writeOps(v, st, in), 1, false)
+	token, err = a.admitTxn(ctx, p.writeOps(v, st, in), 1, false, p.roomy(st))
 	return token, token != 0, false, err
 }
 
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
 // gone) and returns the key as it then is (nil if gone). If bounded, it
 // returns nil after blockWait without a change too (see Session.watchKey).
-func (a *pacq) watch(key string, index uint64, bounded bool) (*api.KVPair, error) {
+func (a *pacq) watch(ctx context.Context, key string, index uint64, bounded bool) (*api.KVPair, error) {
 	var bound time.Duration
 	if bounded {
 		bound = blockWait
 	}
-	return a.p.s.watchKey(a.wctx, key, index, bound)
+	return a.p.s.watchKey(ctx, key, index, bound)
 }
 
 // dropDead deletes contender keys without a session, if unchanged; best
 // effort (see Session.dropDead).
-func (a *pacq) dropDead(dead []*api.KVPair) { a.p.s.dropDead(a.wctx, dead) }
+func (a *pacq) dropDead(ctx context.Context, dead []*api.KVPair) { a.p.s.dropDead(ctx, dead) }

@@ -144,10 +144,8 @@ func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
 
 // acquisition is one Lock or TryLock call in progress.
 type acquisition struct {
-	m    *Mutex
-	ctx  context.Context // the caller's
-	wctx context.Context // ends with ctx or with the session
-	el   *campaign       // an election's campaign, else nil (see campaign)
+	m  *Mutex
+	el *campaign // an election's campaign, else nil (see campaign)
 
 	// left is set once something of ours may be in Consul: a queue key, or
 	// the lock key (an acquire of unknown outcome, a handoff to us). On
@@ -222,13 +220,13 @@ const (
 //     handed it to us, and deleted our queue key (see Grant.handOver). The
 //     token is that write's ModifyIndex.
 //
-// Every request is bounded by wctx: the caller's context, ended with the
+// Every request is bounded by ctx: the caller's context, ended with the
 // session. What a failed run leaves is removed by the caller (see left).
-func (a *acquisition) run(try bool) (uint64, error) {
+func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 	m := a.m
 	var lock *api.KVPair
 	if try {
-		v, err := a.read()
+		v, err := a.read(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -240,15 +238,15 @@ func (a *acquisition) run(try bool) (uint64, error) {
 		}
 		lock = v.lock
 	} else {
-		names, err := a.list()
+		names, err := a.list(ctx)
 		if err != nil {
 			return 0, err
 		}
 		if len(names) > 0 { // the lock key, the tail key, queue entries
-			return a.queue()
+			return a.queue(ctx)
 		}
 	}
-	token, out, err := a.take(lock)
+	token, out, err := a.take(ctx, lock)
 	switch {
 	case err != nil:
 		return 0, err
@@ -260,24 +258,24 @@ func (a *acquisition) run(try bool) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
 	}
 	// Another contender was faster, or a lock-delay is in effect: queue.
-	return a.queue()
+	return a.queue(ctx)
 }
 
 // queue runs steps 2 to 6.
-func (a *acquisition) queue() (uint64, error) {
-	lock, err := a.enqueue()
+func (a *acquisition) queue(ctx context.Context) (uint64, error) {
+	lock, err := a.enqueue(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return a.wait(lock)
+	return a.wait(ctx, lock)
 }
 
 // wait runs steps 3 to 6 from lock, the lock key as last read.
-func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
+func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error) {
 	m := a.m
 	var queue []*api.KVPair // the queue's live entries, if we read it
 	for {
-		if err := a.wctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		if err := m.compatibleLock(lock); err != nil {
@@ -285,16 +283,16 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 		}
 		if a.handedToUs(lock) {
 			if a.el != nil {
-				return a.retake() // from a Mutex on the same name
+				return a.retake(ctx) // from a Mutex on the same name
 			}
-			return a.acceptHandoff(lock, queue)
+			return a.acceptHandoff(ctx, lock, queue)
 		}
 		if a.pred != nil && !a.lost {
-			if _, err := a.watch(a.pred.key, a.pred.index); err != nil {
+			if _, err := a.watch(ctx, a.pred.key, a.pred.index); err != nil {
 				return 0, err
 			}
 			var err error
-			if lock, err = a.get(m.lockKey); err != nil {
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
 				return 0, err
 			}
 			if lock != nil && lock.Session == a.pred.session && !a.handedToUs(lock) {
@@ -305,21 +303,21 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 			continue
 		}
 		if a.lost {
-			v, err := a.read()
+			v, err := a.read(ctx)
 			if err != nil {
 				return 0, err
 			}
 			if err := m.compatible(v); err != nil {
 				return 0, err
 			}
-			a.dropDead(v.dead)
+			a.dropDead(ctx, v.dead)
 			lock, queue, a.lost, a.pred = v.lock, v.queue, false, nil
 			switch {
 			case a.handedToUs(lock):
 			case v.me == nil:
 				// Our queue key vanished or lost its session. Queue up
 				// again; if our session is gone, Consul says so.
-				if lock, err = a.enqueue(); err != nil {
+				if lock, err = a.enqueue(ctx); err != nil {
 					return 0, err
 				}
 			default:
@@ -333,27 +331,27 @@ func (a *acquisition) wait(lock *api.KVPair) (uint64, error) {
 		if !free(lock) {
 			var err error
 			if a.mustAnnounce(lock) {
-				lock, err = a.announce(lock)
+				lock, err = a.announce(ctx, lock)
 			} else {
-				lock, err = a.waitRelease(lock)
+				lock, err = a.waitRelease(ctx, lock)
 			}
 			if err != nil {
 				return 0, err
 			}
 			continue
 		}
-		token, out, err := a.take(lock)
+		token, out, err := a.take(ctx, lock)
 		switch {
 		case err != nil:
 			return 0, err
 		case out == taken:
 			return token, nil
 		case out == delayed:
-			if !sleep(a.wctx, a.delayLeft()) {
-				return 0, a.wctx.Err()
+			if !sleep(ctx, a.delayLeft()) {
+				return 0, ctx.Err()
 			}
 		default: // busy: a foreign client took it, or it changed
-			if lock, err = a.get(m.lockKey); err != nil {
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
 				return 0, err
 			}
 		}
@@ -374,12 +372,12 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 // the handoff) is deleted here. Whom we hand the lock to on Unlock: the
 // waiter named in the lock's value, and those behind us in queue (our last
 // read of the queue, if any).
-func (a *acquisition) acceptHandoff(lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
+func (a *acquisition) acceptHandoff(ctx context.Context, lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
 	token := tokenOf(lock)
 	if a.queueIndex > token {
-		ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
-		if _, err := a.m.s.txn(ctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
+		if _, err := a.m.s.txn(rctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
 			return 0, err // the cleanup releases the lock and deletes the key
 		}
 	}
@@ -419,19 +417,19 @@ func (a *acquisition) mustAnnounce(lock *api.KVPair) bool {
 // session, so the holder still holds it; but its Unlock, whose fast path is
 // guarded by the key's ModifyIndex being its token, now reads the key and
 // hands the lock to us. It returns the lock key as it then is.
-func (a *acquisition) announce(lock *api.KVPair) (*api.KVPair, error) {
+func (a *acquisition) announce(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
 	m := a.m
 	value := fmt.Appendf(nil, "%s%d %s %d", valueWaiter, tokenOf(lock), m.s.id, a.queueIndex)
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.lockKey, Index: lock.ModifyIndex, Flags: lock.Flags, Value: value}}}
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():
 		return nil, txnError("announce on "+m.lockKey, rb)
 	case rb != nil: // the key changed meanwhile: see how it is now
-		return a.get(m.lockKey)
+		return a.get(ctx, m.lockKey)
 	case err != nil:
 		return nil, err
 	}
@@ -447,12 +445,12 @@ func (a *acquisition) announce(lock *api.KVPair) (*api.KVPair, error) {
 // then is. It learns the holder's lock-delay first (while the holder's
 // session still exists), so that a release by invalidation is followed by a
 // retry right when the delay ends.
-func (a *acquisition) waitRelease(lock *api.KVPair) (*api.KVPair, error) {
+func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
 	if lock.Session != a.holder {
 		a.holder = lock.Session
-		a.delay, a.known = a.m.s.lockDelayOf(a.wctx, lock.Session)
+		a.delay, a.known = a.m.s.lockDelayOf(ctx, lock.Session)
 	}
-	next, err := a.watch(a.m.lockKey, lock.ModifyIndex)
+	next, err := a.watch(ctx, a.m.lockKey, lock.ModifyIndex)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +477,7 @@ func (a *acquisition) delayLeft() time.Duration {
 // session, our flags and valueTaken, deletes our queue key if we queued, and
 // reads the subtree. The token is the ModifyIndex of that write; the first
 // waiters of the queue are whom Unlock hands the lock to.
-func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
+func (a *acquisition) take(ctx context.Context, seen *api.KVPair) (uint64, outcome, error) {
 	m := a.m
 	ops := make(api.TxnOps, 0, 4)
 	value := []byte(valueTaken)
@@ -499,10 +497,10 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
 	}
 	ops = append(ops, kvOp(api.KVGetTree, m.prefix))
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -537,7 +535,7 @@ func (a *acquisition) take(seen *api.KVPair) (uint64, outcome, error) {
 // the same transaction, which also reads the tail key and sets it to us:
 // the entry it named is our predecessor. A leftover queue key of ours is
 // replaced, so that our place is always at the back.
-func (a *acquisition) enqueue() (*api.KVPair, error) {
+func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	ops := api.TxnOps{
 		kvOp(api.KVGetOrEmpty, m.tailKey),
@@ -547,9 +545,9 @@ func (a *acquisition) enqueue() (*api.KVPair, error) {
 		kvOp(api.KVGetOrEmpty, m.lockKey),
 	}
 	a.left = true
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, ops)
+	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -598,11 +596,11 @@ func (a *acquisition) enqueue() (*api.KVPair, error) {
 // list returns the names right under "<name>/" (the keys with separator
 // "/": "<name>/.queue/" stands for the whole queue), and fails with
 // ErrConflict if one is not the lock's own.
-func (a *acquisition) list() ([]string, error) {
+func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	m := a.m
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(ctx))
+	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(rctx))
 	if err != nil {
 		return nil, apiError("list "+m.prefix, err)
 	}
@@ -615,11 +613,11 @@ func (a *acquisition) list() ([]string, error) {
 }
 
 // read returns the subtree of the lock, in one read-only transaction.
-func (a *acquisition) read() (view, error) {
+func (a *acquisition) read(ctx context.Context) (view, error) {
 	m := a.m
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -631,10 +629,10 @@ func (a *acquisition) read() (view, error) {
 }
 
 // get reads one key, without blocking.
-func (a *acquisition) get(key string) (*api.KVPair, error) {
-	ctx, cancel := context.WithTimeout(a.wctx, requestTimeout)
+func (a *acquisition) get(ctx context.Context, key string) (*api.KVPair, error) {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	pair, _, err := a.m.s.client.KV().Get(key, (&api.QueryOptions{}).WithContext(ctx))
+	pair, _, err := a.m.s.client.KV().Get(key, (&api.QueryOptions{}).WithContext(rctx))
 	if err != nil {
 		return nil, apiError("read "+key, err)
 	}
@@ -644,13 +642,13 @@ func (a *acquisition) get(key string) (*api.KVPair, error) {
 // watch blocks until key's ModifyIndex is no longer index (it changed or is
 // gone), and returns the key as it then is (nil if gone); see
 // Session.watchKey.
-func (a *acquisition) watch(key string, index uint64) (*api.KVPair, error) {
-	return a.m.s.watchKey(a.wctx, key, index, 0)
+func (a *acquisition) watch(ctx context.Context, key string, index uint64) (*api.KVPair, error) {
+	return a.m.s.watchKey(ctx, key, index, 0)
 }
 
 // dropDead deletes queue entries whose session is gone; see
 // Session.dropDead.
-func (a *acquisition) dropDead(dead []*api.KVPair) { a.m.s.dropDead(a.wctx, dead) }
+func (a *acquisition) dropDead(ctx context.Context, dead []*api.KVPair) { a.m.s.dropDead(ctx, dead) }
 
 // watchKey blocks until key's ModifyIndex is no longer index (it changed or
 // is gone), and returns the key as it then is (nil if gone). Each blocking

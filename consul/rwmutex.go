@@ -32,7 +32,7 @@ import (
 // admits, in the same transaction, the waiters that then fit.
 //
 // Tokens: a grant's token is the ModifyIndex of the lock-key write that
-// admitted it (for a read grant made by Downgrade, of the downgrade's write).
+// admitted it (a read grant made by Downgrade keeps the write grant's).
 // Those writes are serialized by CAS on the lock key, so write grants'
 // tokens strictly increase, and a read grant's token is greater than the
 // token of every write grant that ended before it began and smaller than
@@ -97,43 +97,45 @@ func (m *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, true)
 }
 
-// Downgrade turns the write grant w of this RWMutex into a read grant,
-// without releasing: one transaction, guarded by our session holding our
-// key and by CAS on the lock key, changes our mode to read and admits the
-// readers queued at the head (up to the first queued writer), so no writer
-// can get in between. The read grant's token is the index of that write
-// (newer than w's). Once the read grant exists, w ends: its context is
-// cancelled with holdfast.ErrReleased and its Unlock returns an error
-// wrapping holdfast.ErrNotHeld. If w is not held, the error wraps
-// holdfast.ErrNotHeld; if w is not a write grant of this RWMutex,
-// holdfast.ErrInvalidArgument. If the request fails (a transport error, ctx
-// ended), w stays the grant, and the lock may be held for reading or
-// writing: Unlock w to release either.
+// Downgrade turns w, a write grant of this RWMutex, into a read grant with
+// w's key and token, without a moment when another writer could get in: one
+// transaction, guarded by our session holding our key and by CAS on the
+// lock key, makes us a reader and admits the readers queued at the head.
+// As on etcd, w ends (its context is cancelled with holdfast.ErrReleased)
+// before the transaction is sent, and whatever happens next. If Consul
+// refused it because w was lost, the error wraps holdfast.ErrNotHeld; if its
+// outcome is unknown (ctx ended, Consul unreachable), the session releases
+// the lock in the background, as after a failed Lock. If w is not a write
+// grant of this RWMutex, the error wraps holdfast.ErrInvalidArgument.
 func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	switch {
 	case ctx == nil:
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	case w == nil || w.permit == nil || w.permit.p != m.p || !w.permit.exclusive:
 		return nil, fmt.Errorf("%w: not a write grant of %s", holdfast.ErrInvalidArgument, m.p.name)
-	case !w.base.Held():
+	}
+	p, s := m.p, m.p.s
+	// End w without releasing its key; the read grant takes the key and
+	// the session's slot of the name over.
+	if !w.base.Handover() {
 		return nil, w.base.NotHeld()
 	}
-	h := w.permit
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	s.forget(w)
+	free := w.permit.free
+	ctx, cancel := s.bind(ctx)
 	defer cancel()
-	token, err := m.p.leave(ctx, nil, leaveDowngrade)
-	if err != nil {
-		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", m.p.name, err)
+	ctx, stop := context.WithTimeout(ctx, requestTimeout)
+	defer stop()
+	if _, err := p.leave(ctx, nil, leaveDowngrade); err != nil {
+		s.cleanUp(p.leftover(), free)
+		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", p.name, err)
 	}
-	r := &permitHold{p: m.p, free: h.free}
-	g := &Grant{s: m.p.s, prefix: m.p.prefix, permit: r}
-	g.base = core.NewGrant(m.p.s.keeper, m.p.s.bg, m.p.myKey, holdfast.Token(token), g.releasePermit, r.done)
-	h.moved.Store(true)
-	m.p.s.hold(g)
-	_ = w.base.Unlock(ctx) // its release and done do nothing now
+	g := &Grant{s: s, prefix: p.prefix, permit: &permitHold{p: p, free: free}}
+	g.base = core.NewGrant(s.keeper, s.bg, p.myKey, w.Token(), g.releasePermit, free)
+	s.hold(g)
 	if g.Context().Err() != nil {
-		return nil, m.p.s.alive()
+		return nil, s.alive() // the session ended meanwhile; Close releases the key
 	}
-	g.base.Observed(m.p.name, time.Now())
+	g.base.Observed(p.name, time.Now())
 	return g, nil
 }

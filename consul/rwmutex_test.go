@@ -203,8 +203,8 @@ func TestRWMutexDowngrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rd.Token() <= wgr.Token() {
-		t.Errorf("read token %d, write token %d: want newer", rd.Token(), wgr.Token())
+	if rd.Token() != wgr.Token() || rd.Key() != wgr.Key() {
+		t.Errorf("read grant %s %d, write grant %s %d: want the same key and token", rd.Key(), rd.Token(), wgr.Key(), wgr.Token())
 	}
 	if !errors.Is(context.Cause(wgr.Context()), holdfast.ErrReleased) {
 		t.Errorf("the write grant's context: %v", context.Cause(wgr.Context()))

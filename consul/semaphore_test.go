@@ -183,8 +183,8 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	other := newSemaphore(t, newSession(t, c), name, 3)
 	for _, f := range []func(context.Context) (*Grant, error){other.Lock, other.TryLock} {
 		_, err := f(ctx)
-		if !errors.Is(err, holdfast.ErrConflict) || !strings.Contains(err.Error(), "limit 2") || !strings.Contains(err.Error(), "is 3") {
-			t.Fatalf("limit 3 against a stored limit 2: %v, want ErrConflict naming both", err)
+		if !errors.Is(err, holdfast.ErrConflict) || !errors.Is(err, holdfast.ErrLimitMismatch) || !strings.Contains(err.Error(), "limit 2") || !strings.Contains(err.Error(), "is 3") {
+			t.Fatalf("limit 3 against a stored limit 2: %v, want ErrLimitMismatch (an ErrConflict) naming both", err)
 		}
 		t.Log(err)
 		if after := keys(t, c, name); strings.Join(after, ",") != strings.Join(before, ",") {
@@ -295,8 +295,8 @@ func TestSemaphoreBadInput(t *testing.T) {
 			t.Errorf("NewSemaphore(%v, %q, %d): %v, want %v", tc.s != nil, tc.name, tc.limit, err, tc.want)
 		}
 	}
-	if _, err := NewSemaphore(s, "x", 2, holdfast.WithReentrant()); !errors.Is(err, holdfast.ErrInvalidArgument) {
-		t.Errorf("WithReentrant: %v", err)
+	if _, err := NewRWMutex(s, "x", holdfast.WithReentrant()); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		t.Errorf("NewRWMutex with WithReentrant: %v, want ErrInvalidArgument (as on etcd)", err)
 	}
 	//lint:ignore SA1012 a nil context is the input under test
 	if _, err := m.Lock(nil); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck

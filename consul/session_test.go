@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestClose: Close cancels grants and waiters with ErrSessionClosed, gives

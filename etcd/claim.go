@@ -195,11 +195,12 @@ func (c *Claim) Context() context.Context { return c.base.Context() }
 func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 
 // Unlock implements holdfast.Grant: the run is over. The claim stays taken
-// in etcd until AtLeast after it was made (its key is moved, by a guarded
-// put that keeps the token, to a lease of the remaining time, rounded up to
-// whole seconds and at least etcd's 2 s minimum), or is deleted by a
-// guarded delete if AtLeast has passed. Either way the claim's own lease is
-// then revoked.
+// in etcd until AtLeast after it was made, or is deleted by a guarded
+// delete if AtLeast has passed. To stay, its key is moved, by a guarded put
+// that keeps the token, to a lease of the remaining time (rounded up to
+// whole seconds, and at least etcd's 2 s minimum), which the session
+// revokes when AtLeast has passed; if the session ends first, the lease
+// expires by itself. Either way the claim's own lease is then revoked.
 func (c *Claim) Unlock(ctx context.Context) error { return c.base.Unlock(ctx) }
 
 // Guard returns the comparison that holds exactly while this claim is held
@@ -273,6 +274,19 @@ func (c *Claim) release(ctx context.Context) error {
 	_, err = cli.Revoke(ctx, c.lease)
 	if err != nil && !errors.Is(storeErr(err), holdfast.ErrSessionLost) {
 		c.o.revoke(c.lease)
+	}
+	if keep != 0 {
+		// End the claim when AtLeast has passed, while the session lives;
+		// if it ends first, the lease does it, rounded up.
+		c.o.s.bg.Go(func(ctx context.Context) {
+			t := time.NewTimer(time.Until(c.made.Add(c.o.sched.AtLeast)))
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				c.o.revoke(keep)
+			}
+		})
 	}
 	return nil
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/conformance"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 	"github.com/holdfast/holdfast/etcd"
-	"github.com/holdfast/holdfast/internal/leakcheck"
 	"github.com/holdfast/holdfast/leader"
 )
 
@@ -74,9 +74,9 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 			s, f := conformanceSession(t, c)
 			return holdfast.AsLocker[*etcd.Grant](newMutex(t, s, name, opts...)), f
 		},
-		NewSemaphore: func(t *testing.T, name string, limit int) (holdfast.Locker, conformance.Faults) {
+		NewSemaphore: func(t *testing.T, name string, limit int, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 			s, f := conformanceSession(t, c)
-			sem, err := etcd.NewSemaphore(s, name, limit)
+			sem, err := etcd.NewSemaphore(s, name, limit, opts...)
 			if err != nil {
 				t.Fatalf("NewSemaphore(%q, %d): %v", name, limit, err)
 			}
@@ -105,6 +105,16 @@ func backend(c *embedtest.Cluster) conformance.Backend {
 				t.Fatalf("NewOnce(%q): %v", name, err)
 			}
 			return conformance.AsClaimer[*etcd.Claim](o), f
+		},
+		NewMultiLocker: func(t *testing.T) (func(names ...string) (conformance.MultiLocker, error), conformance.Faults) {
+			s, f := conformanceSession(t, c)
+			return func(names ...string) (conformance.MultiLocker, error) {
+				m, err := etcd.NewMultiMutex(s, names...)
+				if err != nil {
+					return nil, err
+				}
+				return conformance.AsMultiLocker[*etcd.MultiGrant](m), nil
+			}, f
 		},
 		// Leases are checked for expiry every 500 ms, and the lease that
 		// keeps a released claim until AtLeast is at least 2 s (etcd's

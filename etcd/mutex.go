@@ -11,7 +11,9 @@ import (
 
 // Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
-// lease; the holder is the key with the lowest create revision.
+// lease; the holder is the key with the lowest create revision. Their value
+// is "holdfast lock" (concurrency.Mutex writes an empty one; neither reads
+// it), which tells Inspect who wrote them.
 //
 // A lock's name may not be a prefix of another's at a "/": while the lock
 // "a/b" has keys (a holder or waiters), Lock and TryLock of "a" fail with an
@@ -42,9 +44,11 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 		return nil, err
 	}
 	cfg := options.ApplyLock(opts)
+	q := newQueue(s, name+"/")
+	q.value = mutexValue
 	return &Mutex{
 		name:    name,
-		q:       newQueue(s, name+"/"),
+		q:       q,
 		reentry: core.Reentry[*Grant]{Enabled: cfg.Reentrant},
 	}, nil
 }

@@ -28,7 +28,7 @@ type queue struct {
 	s     *Session
 	pfx   string // "<name>/"
 	key   string // pfx + lease ID in hex (the RW lock's keys add "read/" or "write/")
-	value string // our key's value: "" for the mutex; a semaphore's keys carry its limit
+	value string // our key's value: mutexValue for the mutex, a semaphore's limit, a candidate's proposal
 	// office: an election's queue, whose key carries value only once it
 	// is first (taken office), and "" while it waits (see Election).
 	office bool

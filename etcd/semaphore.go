@@ -42,7 +42,7 @@ const semValuePrefix = "holdfast semaphore "
 // The limit is stored in every key: a contender joins only if every key
 // under the name carries its limit (checked in the same transaction as its
 // put), so clients that disagree on the limit fail with an error wrapping
-// holdfast.ErrConflict that names both limits, write nothing, and never
+// holdfast.ErrLimitMismatch (an ErrConflict) that names both limits, write nothing, and never
 // raise the number of holders above the limit of the keys in place. A Mutex
 // or RWMutex of the same name conflicts the same way, whichever comes
 // second. A semaphore's name may not be a prefix of another lock's at a "/"
@@ -208,7 +208,7 @@ func (c semCounter) mismatch(kv *mvccpb.KeyValue) error {
 	case kv == nil:
 		return fmt.Errorf("%w: semaphore %s with limit %d: a key under the name carries another limit or belongs to another kind of lock", holdfast.ErrConflict, name, c.n)
 	case strings.HasPrefix(string(kv.Value), semValuePrefix+"limit="):
-		return fmt.Errorf("%w: semaphore %s: this client's limit is %d, but %s has limit %s: clients must agree on the limit", holdfast.ErrConflict, name, c.n, kv.Key, strings.TrimPrefix(string(kv.Value), semValuePrefix+"limit="))
+		return fmt.Errorf("%w: semaphore %s: this client's limit is %d, but %s has limit %s: clients must agree on the limit", holdfast.ErrLimitMismatch, name, c.n, kv.Key, strings.TrimPrefix(string(kv.Value), semValuePrefix+"limit="))
 	default:
 		return fmt.Errorf("%w: semaphore %s with limit %d: %s (value %q) belongs to a lock, a read-write lock or a longer name: a semaphore and a lock may not share a name", holdfast.ErrConflict, name, c.n, kv.Key, kv.Value)
 	}

@@ -375,8 +375,8 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	}
 	for what, lock := range map[string]func(context.Context) (*etcd.Grant, error){"Lock": other.Lock, "TryLock": other.TryLock} {
 		_, err := lock(ctx)
-		if !errors.Is(err, holdfast.ErrConflict) || !strings.Contains(err.Error(), "limit is 3") || !strings.Contains(err.Error(), "limit 2") {
-			t.Fatalf("%s with limit 3 while limit 2 is held: %v, want ErrConflict naming both limits", what, err)
+		if !errors.Is(err, holdfast.ErrConflict) || !errors.Is(err, holdfast.ErrLimitMismatch) || !strings.Contains(err.Error(), "limit is 3") || !strings.Contains(err.Error(), "limit 2") {
+			t.Fatalf("%s with limit 3 while limit 2 is held: %v, want ErrLimitMismatch (an ErrConflict) naming both limits", what, err)
 		}
 	}
 	after, err := cli.Get(ctx, "anything")

@@ -220,14 +220,17 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
 		defer cancel()
 	}
+	diagnose := cfg.dial.diagnoseAhead(ctx, client.Endpoints())
 	sent := time.Now()
 	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), cfg.dial.diagnose(client.Endpoints(), ctx.Err()))
+			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), diagnose(ctx.Err()))
 		}
+		diagnose(nil)
 		return nil, fmt.Errorf("holdfast/etcd: grant lease: %w", storeErr(err))
 	}
+	diagnose(nil)
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	s := &Session{
 		client:    client,

@@ -164,6 +164,7 @@ func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv
 		c   *clientv3.Client
 		err error
 	}
+	diagnose := d.diagnoseAhead(ctx, endpoints)
 	done := make(chan result, 1)
 	go func() {
 		c, err := clientv3.New(cfg)
@@ -178,15 +179,17 @@ func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv
 				r.c.Close()
 			}
 		}()
-		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, ctx.Err(), d.diagnose(endpoints, ctx.Err()))
+		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, ctx.Err(), diagnose(ctx.Err()))
 	}
 	switch {
 	case r.err == nil:
+		diagnose(nil)
 		return r.c, nil
 	case errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled):
 		// The authentication did not get through in time: say why.
-		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, r.err, d.diagnose(endpoints, r.err))
+		return nil, fmt.Errorf("holdfast/etcd: dial %v: %w%s", endpoints, r.err, diagnose(r.err))
 	}
+	diagnose(nil)
 	return nil, fmt.Errorf("holdfast/etcd: dial %v: %w", endpoints, storeErr(r.err))
 }
 
@@ -228,6 +231,30 @@ func (d *dialConfig) diagnose(endpoints []string, err error) string {
 		msgs = append(msgs, err.Error())
 	}
 	return "; last connection error: " + strings.Join(msgs, "; ")
+}
+
+// diagnoseAhead starts diagnose diagnoseTimeout before ctx's deadline, so
+// that a caller whose request fails with that deadline has the reason at
+// once instead of diagnoseTimeout later. The returned function gives
+// diagnose's answer for err (its probes are not run, or not waited for,
+// when err is not a deadline).
+func (d *dialConfig) diagnoseAhead(ctx context.Context, endpoints []string) func(err error) string {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return func(err error) string { return d.diagnose(endpoints, err) }
+	}
+	ch := make(chan string, 1)
+	t := time.AfterFunc(time.Until(dl)-diagnoseTimeout, func() { ch <- d.diagnose(endpoints, context.DeadlineExceeded) })
+	return func(err error) string {
+		switch {
+		case !errors.Is(err, context.DeadlineExceeded):
+			t.Stop()
+			return ""
+		case t.Stop(): // the deadline came early (a parent's): probe now
+			return d.diagnose(endpoints, err)
+		}
+		return <-ch
+	}
 }
 
 func (d *dialConfig) probe(host string, tlsCfg *tls.Config) error {

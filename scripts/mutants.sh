@@ -19,14 +19,14 @@ if [ -z "${CONSUL_BIN:-}" ]; then CONSUL_BIN=$(./scripts/consul.sh) || exit 1; e
 table='
 core/margin|./internal/core/|TestKeeperExpiresAtSentPlusTTLMinusMargin|TestGrantAccessors
 core/margin|./etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBeforeNextGrant
-core/margin|./internal/safety/|TestSlowClockMargin
+core/margin|./cmd/holdfast/internal/safety/|TestSlowClockMargin
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
 etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
-etcd/release-guard|./internal/safety/|TestHolderKeyDeleted
+etcd/release-guard|./cmd/holdfast/internal/safety/|TestHolderKeyDeleted
 etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
 etcd/txn-guard|./leader/|TestManyFailoversEtcd
 etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
-etcd/recheck-own-key|./internal/safety/|TestWaiterKeysDeleted
+etcd/recheck-own-key|./cmd/holdfast/internal/safety/|TestWaiterKeysDeleted
 etcd/watch-now|./etcd/|TestHandoffNoStall
 etcd/semaphore-count|./etcd/|TestSemaphoreCountsOnlyKeysAhead
 etcd/semaphore-own-key|./etcd/|TestSemaphoreWaiterKeyDeleted
@@ -45,6 +45,10 @@ consul/permit-cas|./consul/|TestSemaphoreStaleTryLock
 consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
 consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
+core/multi-order|./etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock
+core/multi-order|./consul/|TestMultiMutexFencedCounters
+etcd/multi-txn-guard|./etcd/|TestMultiGuardedTxn
+consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
 '
 
 want=("$@")

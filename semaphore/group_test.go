@@ -17,8 +17,8 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 	"github.com/holdfast/holdfast/etcd"
-	"github.com/holdfast/holdfast/internal/leakcheck"
 	"github.com/holdfast/holdfast/semaphore"
 )
 

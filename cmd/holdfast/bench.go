@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/bench"
+	"github.com/holdfast/holdfast/cmd/holdfast/internal/bench"
 )
 
 var benchCommand = &command{

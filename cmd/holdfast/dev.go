@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"runtime/debug"
@@ -19,7 +20,8 @@ var devCommand = &command{
 	usage: `usage: holdfast dev [flags]
 
 Starts a one-node etcd inside this process, listening on 127.0.0.1 only,
-prints its endpoint, and serves until interrupted (SIGINT or SIGTERM). Its
+prints its endpoint and its peer port (--peer-port, else --port + 1, else a
+free port when that one is taken), and serves until interrupted (SIGINT or SIGTERM). Its
 data lives in --data-dir, or in a temporary directory removed at exit. Point
 holdfast (--endpoints), etcdctl or your program at the printed endpoint.
 Not for production: one member, no TLS, no auth.`,
@@ -28,19 +30,43 @@ Not for production: one member, no TLS, no auth.`,
 
 func devFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	port := fs.Int("port", 2379, "client port on 127.0.0.1")
-	peerPort := fs.Int("peer-port", 2380, "peer port on 127.0.0.1")
+	peerPort := fs.Int("peer-port", 0, "peer port on 127.0.0.1 (default: --port + 1, or a free port if that one is taken)")
 	dataDir := fs.String("data-dir", "", "data directory, kept at exit (default: a temporary directory, removed at exit)")
 	return func(ctx context.Context, e *env, args []string) error {
 		switch {
 		case len(args) > 0:
 			return usagef("dev takes no arguments")
-		case *port < 1 || *port > 65535 || *peerPort < 1 || *peerPort > 65535:
+		case *port < 1 || *port > 65535 || flagGiven(ctx, "peer-port") && (*peerPort < 1 || *peerPort > 65535):
 			return usagef("--port and --peer-port must be in 1..65535")
 		case *port == *peerPort:
 			return usagef("--port and --peer-port must differ")
 		}
-		return runDev(ctx, e, *port, *peerPort, *dataDir)
+		peer := *peerPort
+		if !flagGiven(ctx, "peer-port") {
+			var err error
+			if peer, err = derivePeerPort(*port); err != nil {
+				return err
+			}
+		}
+		return runDev(ctx, e, *port, peer, *dataDir)
 	}
+}
+
+// derivePeerPort is port + 1 (2380 for etcd's 2379) if it is free on
+// 127.0.0.1, else a free port the system picks.
+func derivePeerPort(port int) (int, error) {
+	if port < 65535 {
+		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1)); err == nil {
+			ln.Close()
+			return port + 1, nil
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("no free peer port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // devReadyTimeout bounds how long the dev server may take to start.
@@ -79,7 +105,7 @@ func runDev(ctx context.Context, e *env, port, peerPort int, dir string) error {
 	case <-ctx.Done():
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "etcd serving on %s (data in %s); stop with Ctrl-C\n", client.String(), dir)
+	fmt.Fprintf(e.stdout, "etcd serving on %s (peer port %d; data in %s); stop with Ctrl-C\n", client.String(), peerPort, dir)
 	fmt.Fprintf(e.stdout, "try: holdfast lock --endpoints %s demo/lock -- sh -c 'echo token $HOLDFAST_TOKEN'\n", client.Host)
 	select {
 	case <-ctx.Done():

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -16,17 +17,63 @@ import (
 
 // TestDev: holdfast dev serves etcd on the given loopback port until
 // interrupted, holdfast lock works against it, and the temporary data
-// directory is gone after it stops.
+// directory is gone after it stops. Without --peer-port the peer port is
+// the client port + 1, or a free port if that one is taken, and the first
+// line says which (holdfast dev --port 2479 used to fail on 2380).
 func TestDev(t *testing.T) {
-	ports, err := embedtest.FreePorts(2)
+	ports, err := embedtest.FreePorts(4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(holdfastBin(t), "dev", "--port", strconv.Itoa(ports[0]), "--peer-port", strconv.Itoa(ports[1]))
+	if ln, err := net.Listen("tcp", "127.0.0.1:2380"); err == nil {
+		defer ln.Close() // the old default peer port, taken as by another etcd
+	}
+	// A free port whose next one is taken (held by this test).
+	var takenPort int
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
+		ln.Close()
+		if err == nil {
+			defer next.Close()
+			takenPort = p + 1
+			break
+		}
+	}
+	if takenPort == 0 {
+		t.Fatal("found no free port followed by one this test could take")
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		port     int
+		peerPort func(int) bool
+	}{
+		{"both ports given", []string{"--port", strconv.Itoa(ports[0]), "--peer-port", strconv.Itoa(ports[1])}, ports[0],
+			func(p int) bool { return p == ports[1] }},
+		{"peer port derived", []string{"--port", strconv.Itoa(ports[2])}, ports[2],
+			func(p int) bool { return p == ports[2]+1 }},
+		{"peer port taken: a free one", []string{"--port", strconv.Itoa(takenPort - 1)}, takenPort - 1,
+			func(p int) bool { return p != takenPort && p != takenPort-1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testDev(t, tc.args, tc.port, tc.peerPort)
+		})
+	}
+}
+
+func testDev(t *testing.T, args []string, port int, peerOK func(int) bool) {
+	cmd := exec.Command(holdfastBin(t), append([]string{"dev"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +92,16 @@ func TestDev(t *testing.T) {
 	select {
 	case first = <-lines:
 	case <-time.After(60 * time.Second):
-		t.Fatal("holdfast dev printed nothing within 60 s")
+		t.Fatalf("holdfast dev printed nothing within 60 s; stderr: %s", stderr.String())
 	}
-	m := regexp.MustCompile(`serving on http://127\.0\.0\.1:(\d+) \(data in (\S+)\)`).FindStringSubmatch(first)
-	if m == nil || m[1] != strconv.Itoa(ports[0]) {
-		t.Fatalf("first line %q: want the endpoint on port %d", first, ports[0])
+	m := regexp.MustCompile(`serving on http://127\.0\.0\.1:(\d+) \(peer port (\d+); data in (\S+)\)`).FindStringSubmatch(first)
+	if m == nil || m[1] != strconv.Itoa(port) {
+		t.Fatalf("first line %q: want the endpoint on port %d and the peer port; stderr: %s", first, port, stderr.String())
 	}
-	dir := m[2]
+	if peer, _ := strconv.Atoi(m[2]); !peerOK(peer) {
+		t.Errorf("peer port %d, not the expected one", peer)
+	}
+	dir := m[3]
 	p := start(t, "lock", "--endpoints", "127.0.0.1:"+m[1], "dev/check", "--", "sh", "-c", `echo "$HOLDFAST_TOKEN"`)
 	if code := p.wait(t, 30*time.Second); code != 0 || strings.TrimSpace(p.stdout.String()) == "" {
 		t.Fatalf("holdfast lock against holdfast dev: exit %d, stdout %q, stderr %s", code, p.stdout.String(), p.stderr.String())

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os/signal"
@@ -43,6 +42,7 @@ object), until interrupted.`,
 
 func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
+	vis := addVisibilityFlags(fs)
 	value := fs.String("value", "", "the proposal published while leader (required to campaign)")
 	loop := fs.Bool("loop", false, "after losing leadership, campaign again")
 	grace := fs.Duration("kill-grace", 10*time.Second, "when leadership is lost, how long CMD has between SIGTERM and SIGKILL")
@@ -51,30 +51,45 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	jsonOut := fs.Bool("json", false, "with --observe: one JSON object per change")
 	return func(ctx context.Context, e *env, args []string) error {
 		if *observe {
+			for _, f := range []string{"value", "loop", "kill-grace", "child-exit-code"} {
+				if flagGiven(ctx, f) {
+					return usagef("--observe watches the election: --%s applies to campaigning only", f)
+				}
+			}
 			if len(args) != 1 {
 				return usagef("--observe takes exactly one NAME (and no command)")
 			}
 			if err := holdfast.ValidateName(args[0]); err != nil {
-				return usagef("%v", err)
+				return explain(err, args[0], "")
 			}
+			stop, err := vis.start(e, sf)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			return observeElection(ctx, e, sf, args[0], *jsonOut)
 		}
-		name, argv, err := splitCommand(args)
+		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
 			return err
 		}
 		switch {
-		case *observe || *jsonOut:
-			return usagef("--observe and --json go before NAME, without a command")
+		case *jsonOut:
+			return usagef("--json applies to --observe only")
 		case *value == "":
 			return usagef("--value is required to campaign")
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
 		}
 		if err := holdfast.ValidateName(name); err != nil {
-			return usagef("%v", err)
+			return explain(err, name, "")
 		}
-		r := runner{e: e, what: "leadership", grace: *grace, childCode: *childCode, loop: *loop, extraEnv: []string{"HOLDFAST_VALUE=" + *value}}
+		stop, err := vis.start(e, sf)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		r := runner{verbose: *vis.verbose, e: e, what: "leadership", grace: *grace, childCode: *childCode, loop: *loop, extraEnv: []string{"HOLDFAST_VALUE=" + *value}}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			c, err := s.election(name)
 			if err != nil {
@@ -103,16 +118,12 @@ func observeElection(ctx context.Context, e *env, sf *storeFlags, name string, j
 		if ctx.Err() != nil {
 			return nil
 		}
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
+		return explain(err, name, sf.describe())
 	}
 	defer s.Close()
 	c, err := s.election(name)
 	if err != nil {
-		return exitError{exitFailed, err}
+		return explain(err, name, sf.describe())
 	}
 	enc := json.NewEncoder(e.stdout)
 	for l := range c.Observe(ctx) {

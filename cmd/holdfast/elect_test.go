@@ -203,6 +203,11 @@ func TestElectUsage(t *testing.T) {
 		{[]string{"elect", "--observe", "svc", "--", "true"}, "exactly one NAME"},
 		{[]string{"elect", "/svc", "--value", "v", "--", "true"}, "invalid name"},
 		{[]string{"elect", "svc", "--value", "v"}, "missing the command"},
+		{[]string{"elect", "--observe", "--value", "v", "svc"}, "--value applies to campaigning only"},
+		{[]string{"elect", "--observe", "--loop", "svc"}, "--loop applies to campaigning only"},
+		{[]string{"elect", "--observe", "--kill-grace", "1s", "svc"}, "--kill-grace applies to campaigning only"},
+		{[]string{"elect", "--observe", "--child-exit-code=false", "svc"}, "--child-exit-code applies to campaigning only"},
+		{[]string{"elect", "--json", "--value", "v", "svc", "--", "true"}, "--json applies to --observe only"},
 	} {
 		var stdout, stderr strings.Builder
 		code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, tc.args)

@@ -77,6 +77,10 @@ the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
 SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
 exits 128+signal.
 
+With -v holdfast says on stderr where it waits, the token it got and that
+it released; --metrics-addr serves Prometheus metrics and --log text|json
+logs the session's events, for long runs.
+
 If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
 process started beside CMD (and on Linux CMD by the kernel), so CMD does not
 outlive the grant; see the README for what remains.
@@ -84,10 +88,15 @@ outlive the grant; see the README for what remains.
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
                   0 with --child-exit-code=false
-  2               bad usage
+  2               a usage or input error, found before any request: a bad
+                  flag or argument, a missing or invalid NAME, a TTL out of
+                  the store's range, a flag of the other store
   122             the lock was lost while CMD ran; CMD was stopped
-  124             not acquired: --timeout elapsed, or --try found it held
-  125             holdfast failed (store unreachable, invalid name, refused)
+  124             not acquired: --timeout elapsed while waiting, or --try
+                  found it held
+  125             holdfast failed once it went to the store: unreachable or
+                  silent within --timeout (or --try's bound), refused
+                  (permission, another kind of lock, a limit mismatch)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,
@@ -95,13 +104,14 @@ Exit status:
 
 func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long, exiting 124 (0: wait as long as it takes)")
-	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for")
+	vis := addVisibilityFlags(fs)
+	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
+	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	return func(ctx context.Context, e *env, args []string) error {
-		name, argv, err := splitCommand(args)
+		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
 			return err
 		}
@@ -112,15 +122,21 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("--timeout %v is negative", *timeout)
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
-		case *try && *timeout > 0:
-			return usagef("--try and --timeout exclude each other")
 		}
 		if err := holdfast.ValidateName(name); err != nil {
-			return usagef("%v", err)
+			return explain(err, name, "")
 		}
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true}
+		stop, err := vis.start(e, sf)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try, verbose: *vis.verbose}
 		if *permits > 1 {
 			r.what = "its permit"
+		}
+		if *try && r.bound == 0 {
+			r.bound = tryBound
 		}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			var l holdfast.Locker
@@ -136,34 +152,33 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if *try {
 				return l.TryLock(ctx)
 			}
-			if *timeout <= 0 {
-				return l.Lock(ctx)
-			}
-			tctx, cancel := context.WithTimeoutCause(ctx, *timeout, errTimeout)
-			defer cancel()
-			g, err := l.Lock(tctx)
-			if err != nil && errors.Is(context.Cause(tctx), errTimeout) && ctx.Err() == nil {
-				return nil, fmt.Errorf("%w after %v", errTimeout, *timeout)
-			}
-			return g, err
+			return l.Lock(ctx)
 		}, name, argv)
 	}
 }
 
+// tryBound bounds an attempt with --try and no --timeout, connecting
+// included: a store that does not answer within it is a failure (125).
+const tryBound = 2 * time.Second
+
 var errTimeout = errors.New("timed out waiting")
 
 // splitCommand splits the positional arguments "NAME CMD [ARGS...]" (the
-// flags, before or after NAME, and the "--" before CMD are taken by the
-// parser; "--" is needed only when CMD has options of its own).
-func splitCommand(args []string) (name string, argv []string, err error) {
-	if len(args) == 0 {
-		return "", nil, usagef("missing NAME and command")
+// flags, before or after NAME, are taken by the parser; "--" before CMD is
+// needed only when CMD has options of its own).
+func splitCommand(ctx context.Context, args []string) (name string, argv []string, err error) {
+	dash := argsBeforeDash(ctx)
+	switch {
+	case len(args) == 0:
+		return "", nil, usagef("missing NAME and the command to run")
+	case dash == 0:
+		return "", nil, usagef("missing NAME before -- %s", args[0])
+	case dash > 1:
+		return "", nil, usagef("one NAME before --, got %d arguments: %q", dash, args[:dash])
+	case len(args) == 1:
+		return "", nil, usagef("missing the command to run after NAME %s", args[0])
 	}
-	name, argv = args[0], args[1:]
-	if len(argv) == 0 {
-		return "", nil, usagef("missing the command to run after NAME")
-	}
-	return name, argv, nil
+	return args[0], args[1:], nil
 }
 
 // runner runs a command under a grant.
@@ -173,8 +188,14 @@ type runner struct {
 	grace     time.Duration
 	childCode bool
 	loop      bool // after a loss, acquire again (elect --loop)
-	extraEnv  []string
-	native    bool // set the native lock commands' variables too
+	// bound, if not 0, bounds the first attempt: connecting and acquiring.
+	// When it ends while connecting, or with try while acquiring, the
+	// store did not answer (125); otherwise the wait timed out (124).
+	bound    time.Duration
+	try      bool
+	verbose  bool // -v: say what happens on stderr
+	extraEnv []string
+	native   bool // set the native lock commands' variables too
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -199,24 +220,51 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	}()
 	var got os.Signal
 	var err error
+	actx, cancelAttempt := ctx, context.CancelFunc(func() {})
+	if r.bound > 0 {
+		actx, cancelAttempt = context.WithTimeoutCause(ctx, r.bound, errTimeout)
+	}
+	defer cancelAttempt()
+	timedOut := func() bool { return errors.Is(context.Cause(actx), errTimeout) && ctx.Err() == nil }
 	for err == nil {
 		if s != nil && s.Err() != nil { // lost with the grant: a new one
 			s.Close()
 			s = nil
 		}
 		if s == nil {
-			if got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+			if got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 				s, err = sf.open(wctx)
 				return err
 			}); err != nil {
+				if got == nil && timedOut() {
+					err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
+				}
 				break
 			}
 		}
 		var g holdfast.Grant
-		got, err = waitFor(ctx, sigs, func(wctx context.Context) (err error) {
+		began := time.Now()
+		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
+			if r.verbose {
+				pctx, cancel := context.WithCancel(wctx)
+				reported := make(chan struct{})
+				go func() { defer close(reported); r.reportPosition(pctx, s, name) }()
+				defer func() { cancel(); <-reported }()
+			}
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err == nil {
+			r.verbosef("%s: acquired %s, token %s, after %v", name, r.what, g.Token(), time.Since(began).Round(time.Millisecond))
+		}
+		if err != nil && got == nil && timedOut() {
+			if r.try {
+				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
+			} else {
+				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
+			}
+		}
+		actx = ctx // a later round (elect --loop) is not bounded
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens
 			// a new one (after a pause, should the store refuse at once).
@@ -237,19 +285,10 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		}
 		return err
 	}
-	var ue usageError
-	switch {
-	case errors.As(err, &ue):
-		return err
-	case got != nil:
+	if got != nil {
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
-	case errors.Is(err, holdfast.ErrLocked):
-		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-	case errors.Is(err, errTimeout):
-		return exitError{exitNotAcquired, fmt.Errorf("%s: not acquired: %w", name, err)}
-	default:
-		return exitError{exitFailed, fmt.Errorf("%s (%s): %w", name, sf.describe(), err)}
 	}
+	return explain(err, name, sf.describe())
 }
 
 // waitFor runs fn under a context that a stop signal (see stopSignals)
@@ -376,5 +415,7 @@ func (r runner) release(g holdfast.Grant, name string) {
 	defer cancel()
 	if err := g.Unlock(ctx); err != nil {
 		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		return
 	}
+	r.verbosef("%s: released %s, token %s", name, r.what, g.Token())
 }

@@ -161,7 +161,6 @@ func TestLockUsage(t *testing.T) {
 		{[]string{"lock"}, "missing NAME"},
 		{[]string{"lock", "jobs"}, "missing the command"},
 		{[]string{"lock", "jobs", "--"}, "missing the command"},
-		{[]string{"lock", "--try", "--timeout", "1s", "jobs", "--", "true"}, "exclude each other"},
 		{[]string{"lock", "--timeout", "-1s", "jobs", "--", "true"}, "negative"},
 		{[]string{"lock", "--kill-grace", "-1s", "jobs", "--", "true"}, "negative"},
 		{[]string{"lock", "/jobs", "--", "true"}, "invalid name"},

@@ -8,14 +8,15 @@
 //
 // Commands:
 //
-//	lock       run a command while holding a lock (or one of N permits)
+//	lock       run a command while holding a lock
+//	once       run a command at most once per period across a fleet (cron)
 //	elect      run a command while leader of an election, or watch an election
-//	status     show who holds and who waits for a lock, a semaphore or an election
+//	status     show who holds and who waits for a lock, a semaphore, a read-write lock or an election
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo       show fencing at work: a paused holder's stale write is rejected
 //	bench      benchmark holdfast's locks against the stores' native recipes
 //	soak       run the safety suite under injected faults for as long as asked
-//	version    print the version
+//	version    print holdfast's version and the versions it was built with
 //	completion generate a shell completion script (bash, zsh, fish, powershell)
 //	help       show help for a command
 //
@@ -28,8 +29,9 @@
 //
 // Run "holdfast help <command>" for a command's flags. Exit status: 0 on
 // success, 1 when a command fails (including a benchmark that saw a
-// violation or an error), 2 on bad usage; lock and elect document their own
-// statuses (the command's status, 122 lost, 124 not acquired, 125 failed...).
+// violation or an error), 2 on a usage or input error found before any
+// request; lock and elect document their own statuses (the command's
+// status, 122 lost, 124 not acquired, 125 failed...), with the same 2.
 package main
 
 import (
@@ -80,7 +82,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{lockCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
+	commands = []*command{lockCommand, onceCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
 }
 
 func main() {
@@ -123,6 +125,8 @@ consul lock).`,
 					ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 					defer stop()
 				}
+				ctx = context.WithValue(ctx, dashKey{}, cmd.ArgsLenAtDash())
+				ctx = context.WithValue(ctx, changedKey{}, cmd.Flags().Changed)
 				return runFn(ctx, e, args)
 			},
 		}
@@ -153,6 +157,30 @@ consul lock).`,
 	})
 	root.SetContext(ctx)
 	return root
+}
+
+// dashKey is the context key of the number of positional arguments before
+// "--" on the command line (-1 without "--").
+type dashKey struct{}
+
+// argsBeforeDash returns the number of positional arguments before "--",
+// or -1 if there was none.
+func argsBeforeDash(ctx context.Context) int {
+	if n, ok := ctx.Value(dashKey{}).(int); ok {
+		return n
+	}
+	return -1
+}
+
+// changedKey is the context key of a func reporting whether a flag was
+// given on the command line.
+type changedKey struct{}
+
+// flagGiven reports whether the flag called name was given on the command
+// line (not merely left at its default).
+func flagGiven(ctx context.Context, name string) bool {
+	changed, ok := ctx.Value(changedKey{}).(func(string) bool)
+	return ok && changed(name)
 }
 
 // splitUsage turns a command's usage text into cobra's Use line and Long

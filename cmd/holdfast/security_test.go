@@ -195,7 +195,7 @@ func TestSecuredEtcd(t *testing.T) {
 		t.Errorf("elect with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	code, stdout, stderr = o.run(nil, append([]string{"status", "--json"}, append(tlsFlags, "--user", "locker:"+pw, "jobs/nightly")...)...)
-	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, "holder") {
+	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, `"role":"holder"`) {
 		t.Errorf("status with flags: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	if ks := keysUnder(t, root, "jobs/"); len(ks) != 0 {
@@ -276,7 +276,7 @@ func TestSecuredConsul(t *testing.T) {
 		t.Errorf("elect with the environment: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	code, stdout, stderr = o.run(nil, "status", "--backend", "consul", "--addr", addr, "--cacert", a.CAFile, "--token", lockTok, "--json", "jobs/nightly")
-	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, "holder") {
+	if code != 0 || !strings.Contains(stdout, `"name":"jobs/nightly"`) || strings.Contains(stdout, `"role":"holder"`) {
 		t.Errorf("status with flags: exit %d; stdout %q; stderr:\n%s", code, stdout, stderr)
 	}
 	if ks, _, err := admin.KV().Keys("jobs/", "", nil); err != nil || len(ks) != 0 {

@@ -8,7 +8,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/safety"
+	"github.com/holdfast/holdfast/cmd/holdfast/internal/safety"
 )
 
 var soakCommand = &command{

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -22,33 +21,35 @@ import (
 
 	"github.com/holdfast/holdfast"
 	hfconsul "github.com/holdfast/holdfast/consul"
+	hfetcd "github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/internal/tlsfiles"
 )
 
 var statusCommand = &command{
 	name:    "status",
-	summary: "show who holds and who waits for a lock, a semaphore or an election",
+	summary: "show who holds and who waits for a lock, a semaphore, a read-write lock or an election",
 	usage: `usage: holdfast status [flags] NAME
 
-Shows the holder(s) and the waiters of NAME in queue order, with their
-fencing tokens, their sessions (etcd: lease ID and remaining TTL; Consul:
-session ID, TTL and lock-delay) and values, read from the store without
-writing anything. Native clients on the same name (etcdctl lock/elect,
-concurrency.Mutex/Election, consul lock, api.Lock) show up like holdfast's.
+Shows what the store holds of NAME, read without writing anything: its kind
+(lock, semaphore with its limit, rwmutex, election; none when no key is
+there), the holders and the waiters in the order the store serves them, with
+their fencing tokens, modes (read, write), sessions (etcd: lease ID, TTL and
+time left; Consul: session ID, TTL and lock-delay), values as their clients
+wrote them (an election's proposals), and whether holdfast or a native client
+(etcdctl lock/elect, concurrency.Mutex, consul lock [-n], api.Lock,
+api.Semaphore) wrote each key: "unknown" where both write the same (an
+election's leader). holdfast's own bookkeeping keys and values are not shown.
 
-Semaphores (holdfast's on etcd; api.Semaphore's layout on Consul, which
-"consul lock -n N" and holdfast share) are recognised from their keys and
-show their limit and every holder. For the rest, --kind says how to read the
-keys: lock (holder, waiters) or election (leader, candidates); auto guesses
-election when the keys carry values that holdfast's locks do not write. --json prints one JSON object per state;
---watch prints the state again each time the keys under NAME change (in place
-on a terminal), until interrupted.`,
+A lock's and an election's keys have the same layout: status reads keys with
+values as an election's; --kind lock or --kind election says which to show.
+--json prints one JSON object per state; --watch prints the state again each
+time the keys under NAME change (in place on a terminal), until interrupted.`,
 	flags: statusFlags,
 }
 
 func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
-	sf := addStoreFlags(fs)
-	kind := fs.String("kind", "auto", "auto, lock or election")
+	sf := addConnFlags(fs)
+	kind := fs.String("kind", "auto", "auto, lock or election: how to show a lock's or an election's keys")
 	jsonOut := fs.Bool("json", false, "print JSON, one object per state")
 	watch := fs.Bool("watch", false, "print the state again on every change, until interrupted")
 	return func(ctx context.Context, e *env, args []string) error {
@@ -64,16 +65,12 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		default:
 			return usagef("--kind %q: want auto, lock or election", *kind)
 		}
-		if *sf.ttl != 0 || *sf.lockDelay >= 0 {
-			return usagef("--ttl and --lock-delay do not apply to status (it opens no session)")
-		}
 		r, err := sf.reader(ctx)
 		if err != nil {
 			return err
 		}
 		defer r.close()
 		p := printer{w: e.stdout, json: *jsonOut, clear: *watch && isTerminal(e.stdout)}
-		var after uint64
 		for {
 			st, err := r.read(ctx, name)
 			if err != nil {
@@ -82,15 +79,16 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				}
 				return err
 			}
-			st.classify(*kind)
-			if err := p.print(st); err != nil {
+			if k := holdfast.Kind(*kind); k != "auto" && (st.Kind == holdfast.KindLock || st.Kind == holdfast.KindElection) {
+				st.Kind = k
+			}
+			if err := p.print(newView(*sf.backend, st)); err != nil {
 				return err
 			}
 			if !*watch {
 				return nil
 			}
-			after = st.Index
-			if err := r.wait(ctx, name, after); err != nil {
+			if err := r.wait(ctx, name, st.Index); err != nil {
 				if ctx.Err() != nil {
 					return nil // interrupted
 				}
@@ -100,68 +98,72 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	}
 }
 
-// state is what status shows of a name.
-type state struct {
-	Backend string  `json:"backend"`
-	Name    string  `json:"name"`
-	Kind    string  `json:"kind"`            // lock, election or semaphore
-	Limit   int     `json:"limit,omitempty"` // a semaphore's
-	Index   uint64  `json:"index"`
-	Entries []entry `json:"entries"`
-	// Other lists keys under NAME/ that are no contender's (a longer name's).
+// view is what status prints of a state (the JSON of --json).
+type view struct {
+	Backend string          `json:"backend"`
+	Name    string          `json:"name"`
+	Kind    string          `json:"kind"`            // lock, semaphore, rwmutex, election, or none
+	Limit   int             `json:"limit,omitempty"` // a semaphore's
+	Index   uint64          `json:"index"`
+	Holders []contenderView `json:"holders"`
+	Waiters []contenderView `json:"waiters"`
+	// Other lists keys under NAME/ that are no contender's (a longer
+	// name's, or a conflicting primitive's).
 	Other []string `json:"other,omitempty"`
 }
 
-// entry is one contender.
-type entry struct {
-	Role     string `json:"role"` // holder, waiter, leader, candidate
-	Position int    `json:"position"`
-	Key      string `json:"key"`
-	Token    uint64 `json:"token,omitempty"` // the holder's fencing token
-	Session  string `json:"session"`
-	// TTLLeft is the lease's remaining TTL in seconds (etcd).
-	TTLLeft *int64 `json:"ttl_left_s,omitempty"`
-	// TTL and LockDelay describe the session (Consul).
+// contenderView is one holder or waiter.
+type contenderView struct {
+	Role      string `json:"role"` // holder, waiter; leader, candidate
+	Key       string `json:"key"`
+	Token     uint64 `json:"token,omitempty"` // a holder's fencing token
+	Mode      string `json:"mode,omitempty"`  // read or write
+	Session   string `json:"session"`
 	TTL       string `json:"ttl,omitempty"`
+	Left      string `json:"left,omitempty"` // etcd: time left on the lease
 	LockDelay string `json:"lock_delay,omitempty"`
 	Value     string `json:"value,omitempty"`
-	// Native: the holder is not holdfast (Consul: the lock key's value is not
-	// one holdfast writes).
-	Native bool `json:"native,omitempty"`
+	Origin    string `json:"origin"` // holdfast, native or unknown
 }
 
-// classify names the roles for kind (auto: election if a contender's value
-// is one no lock of holdfast writes).
-func (st *state) classify(kind string) {
-	if st.Kind == "semaphore" {
-		return // read as one from its keys
+func newView(backend string, st *holdfast.State) view {
+	v := view{Backend: backend, Name: st.Name, Kind: string(st.Kind), Limit: st.Limit, Index: st.Index, Other: st.Other,
+		Holders: []contenderView{}, Waiters: []contenderView{}}
+	if st.Kind == holdfast.KindUnknown {
+		v.Kind = "none"
 	}
-	if kind == "auto" {
-		kind = "lock"
-		for _, e := range st.Entries {
-			if e.Value != "" && !strings.HasPrefix(e.Value, "holdfast") {
-				kind = "election"
-			}
-		}
+	holder, waiter := "holder", "waiter"
+	if st.Kind == holdfast.KindElection {
+		holder, waiter = "leader", "candidate"
 	}
-	st.Kind = kind
-	for i := range st.Entries {
-		e := &st.Entries[i]
-		if kind == "election" {
-			e.Native = false // any value is a candidate's proposal
+	conv := func(role string, c holdfast.Contender) contenderView {
+		cv := contenderView{Role: role, Key: c.Key, Token: uint64(c.Token), Mode: c.Mode, Session: c.Session, Value: string(c.Value), Origin: string(c.Origin)}
+		if c.TTL > 0 {
+			cv.TTL = c.TTL.String()
 		}
-		switch {
-		case kind == "election" && e.Role == "holder":
-			e.Role = "leader"
-		case kind == "election":
-			e.Role = "candidate"
+		if c.Left >= 0 {
+			cv.Left = c.Left.String()
 		}
+		if backend == "consul" {
+			cv.LockDelay = c.LockDelay.String()
+		}
+		if c.Origin == holdfast.OriginUnknown {
+			cv.Origin = "unknown"
+		}
+		return cv
 	}
+	for _, c := range st.Holders {
+		v.Holders = append(v.Holders, conv(holder, c))
+	}
+	for _, c := range st.Waiters {
+		v.Waiters = append(v.Waiters, conv(waiter, c))
+	}
+	return v
 }
 
 // reader reads a name's state from one store.
 type reader interface {
-	read(ctx context.Context, name string) (*state, error)
+	read(ctx context.Context, name string) (*holdfast.State, error)
 	// wait returns once the keys under name changed after index.
 	wait(ctx context.Context, name string, index uint64) error
 	close()
@@ -233,10 +235,6 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 // requestTimeout bounds each read of status.
 const requestTimeout = 10 * time.Second
 
-// etcdSemaphoreValue starts the value of an etcd semaphore's keys; the
-// limit follows.
-const etcdSemaphoreValue = "holdfast semaphore limit="
-
 type etcdReader struct {
 	c   *clientv3.Client
 	tls *tls.Config // for a diagnosis
@@ -244,35 +242,12 @@ type etcdReader struct {
 
 func (r etcdReader) close() { r.c.Close() }
 
-func (r etcdReader) read(ctx context.Context, name string) (*state, error) {
+func (r etcdReader) read(ctx context.Context, name string) (*holdfast.State, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	pfx := name + "/"
-	resp, err := r.c.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	st, err := hfetcd.Inspect(ctx, r.c, name)
 	if err != nil {
-		return nil, fmt.Errorf("etcd: read %s: %w%s", pfx, err, diagnose(r.c.Endpoints(), r.tls, err))
-	}
-	st := &state{Backend: "etcd", Name: name, Index: uint64(resp.Header.Revision)}
-	for _, kv := range resp.Kvs {
-		id := string(kv.Key[len(pfx):])
-		if _, err := strconv.ParseUint(id, 16, 64); err != nil || kv.Lease == 0 {
-			st.Other = append(st.Other, string(kv.Key))
-			continue
-		}
-		e := entry{Role: "waiter", Position: len(st.Entries), Key: string(kv.Key), Session: fmt.Sprintf("lease %x", kv.Lease), Value: string(kv.Value)}
-		if l, ok := strings.CutPrefix(e.Value, etcdSemaphoreValue); ok && st.Limit == 0 {
-			if n, err := strconv.Atoi(l); err == nil && n > 0 {
-				st.Kind, st.Limit = "semaphore", n
-			}
-		}
-		if len(st.Entries) < max(st.Limit, 1) {
-			e.Role, e.Token = "holder", uint64(kv.CreateRevision)
-		}
-		if ttl, err := r.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL >= 0 {
-			left := ttl.TTL
-			e.TTLLeft = &left
-		}
-		st.Entries = append(st.Entries, e)
+		return nil, fmt.Errorf("%w%s", err, diagnose(r.c.Endpoints(), r.tls, err))
 	}
 	return st, nil
 }
@@ -323,137 +298,24 @@ type consulReader struct{ c *api.Client }
 
 func (r consulReader) close() {}
 
-func (r consulReader) read(ctx context.Context, name string) (*state, error) {
-	return r.list(ctx, name, 0)
-}
-
-// list reads the keys under name/ (blocking until they change after index,
-// if index is not 0) and builds the state.
-func (r consulReader) list(ctx context.Context, name string, index uint64) (*state, error) {
-	timeout := requestTimeout
-	if index != 0 {
-		timeout = 5*time.Minute + 30*time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r consulReader) read(ctx context.Context, name string) (*holdfast.State, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx)
-	pairs, meta, err := r.c.KV().List(name+"/", q)
-	if err != nil {
-		return nil, fmt.Errorf("consul: read %s/: %w", name, err)
-	}
-	st := &state{Backend: "consul", Name: name, Index: meta.LastIndex}
-	lockKey := hfconsul.LockKey(name)
-	for _, p := range pairs {
-		if p.Key == lockKey && p.Flags == hfconsul.SemaphoreFlagValue {
-			r.semaphore(ctx, st, lockKey, p, pairs)
-			return st, nil
-		}
-	}
-	queuePfx := name + "/.queue/"
-	var queue []*api.KVPair
-	var lock *api.KVPair
-	for _, p := range pairs {
-		switch {
-		case p.Key == lockKey:
-			lock = p
-		case strings.HasPrefix(p.Key, queuePfx) && !strings.Contains(p.Key[len(queuePfx):], "/"):
-			if p.Session != "" {
-				queue = append(queue, p)
-			}
-		default:
-			st.Other = append(st.Other, p.Key)
-		}
-	}
-	sort.Slice(queue, func(i, j int) bool { return queue[i].CreateIndex < queue[j].CreateIndex })
-	sessions := map[string]*api.SessionEntry{}
-	info := func(id string) *api.SessionEntry {
-		if s, ok := sessions[id]; ok {
-			return s
-		}
-		s, _, err := r.c.Session().Info(id, (&api.QueryOptions{}).WithContext(ctx))
-		if err != nil {
-			s = nil
-		}
-		sessions[id] = s
-		return s
-	}
-	add := func(role string, p *api.KVPair, token uint64) {
-		e := entry{Role: role, Position: len(st.Entries), Key: p.Key, Token: token, Session: p.Session}
-		if role == "holder" {
-			e.Value = string(p.Value)
-			e.Native = !strings.HasPrefix(e.Value, "holdfast")
-		}
-		if s := info(p.Session); s != nil {
-			e.TTL, e.LockDelay = s.TTL, s.LockDelay.String()
-		}
-		st.Entries = append(st.Entries, e)
-	}
-	if lock != nil && lock.Session != "" {
-		add("holder", lock, hfconsul.HolderToken(lock))
-	}
-	for _, p := range queue {
-		add("waiter", p, 0)
-	}
-	return st, nil
+	return hfconsul.Inspect(ctx, r.c, name)
 }
 
-// semaphore fills st from a semaphore's keys (api.Semaphore's layout): the
-// holders named in the lock key that still hold their contender key, then
-// the other contenders in order of arrival.
-func (r consulReader) semaphore(ctx context.Context, st *state, lockKey string, lock *api.KVPair, pairs api.KVPairs) {
-	st.Kind = "semaphore"
-	var body struct {
-		Limit   int
-		Holders map[string]bool
-	}
-	if err := json.Unmarshal(lock.Value, &body); err != nil {
-		st.Other = append(st.Other, fmt.Sprintf("%s (undecodable: %v)", lockKey, err))
-	}
-	st.Limit = body.Limit
-	var holders, waiters []*api.KVPair
-	for _, p := range pairs {
-		id, ok := strings.CutPrefix(p.Key, st.Name+"/")
-		switch {
-		case p.Key == lockKey:
-		case !ok || strings.Contains(id, "/") || p.Flags != hfconsul.SemaphoreFlagValue:
-			st.Other = append(st.Other, p.Key)
-		case p.Session == "":
-			// a dead contender's key, pruned by the next write
-		case body.Holders[p.Session]:
-			holders = append(holders, p)
-		default:
-			waiters = append(waiters, p)
-		}
-	}
-	byArrival := func(ps []*api.KVPair) {
-		sort.Slice(ps, func(i, j int) bool { return ps[i].CreateIndex < ps[j].CreateIndex })
-	}
-	byArrival(holders)
-	byArrival(waiters)
-	for i, p := range append(holders, waiters...) {
-		e := entry{Role: "waiter", Position: i, Key: p.Key, Session: p.Session, Value: string(p.Value)}
-		if i < len(holders) {
-			e.Role = "holder"
-			if e.Value == "holdfast held" {
-				e.Token = p.ModifyIndex // the write that admitted it
-			} else {
-				e.Native = true
-			}
-		}
-		if s, _, err := r.c.Session().Info(p.Session, (&api.QueryOptions{}).WithContext(ctx)); err == nil && s != nil {
-			e.TTL, e.LockDelay = s.TTL, s.LockDelay.String()
-		}
-		st.Entries = append(st.Entries, e)
-	}
-}
-
+// wait returns once the keys under name changed after index (a blocking
+// query, renewed every 5 minutes).
 func (r consulReader) wait(ctx context.Context, name string, index uint64) error {
 	for {
-		st, err := r.list(ctx, name, index)
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute+30*time.Second)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(qctx)
+		_, meta, err := r.c.KV().Keys(name+"/", "", q)
+		cancel()
 		if err != nil {
-			return err
+			return fmt.Errorf("consul: watch %s/: %w", name, err)
 		}
-		if st.Index != index {
+		if meta.LastIndex != index {
 			return nil
 		}
 	}
@@ -466,49 +328,56 @@ type printer struct {
 	clear bool // redraw in place (a terminal in --watch mode)
 }
 
-func (p printer) print(st *state) error {
+func (p printer) print(v view) error {
 	if p.json {
-		return json.NewEncoder(p.w).Encode(st)
+		return json.NewEncoder(p.w).Encode(v)
 	}
 	if p.clear {
 		fmt.Fprint(p.w, "\x1b[H\x1b[2J")
 	}
-	kind := st.Kind
-	if st.Limit > 0 {
-		kind = fmt.Sprintf("%s (limit %d)", kind, st.Limit)
+	kind := v.Kind
+	if v.Limit > 0 {
+		kind = fmt.Sprintf("%s (limit %d)", kind, v.Limit)
 	}
-	fmt.Fprintf(p.w, "%s %s %q at index %d: ", st.Backend, kind, st.Name, st.Index)
-	switch {
-	case len(st.Entries) == 0:
+	if v.Kind == "none" {
+		kind = "name" // no key says what it is
+	}
+	fmt.Fprintf(p.w, "%s %s %q at index %d: ", v.Backend, kind, v.Name, v.Index)
+	all := append(append([]contenderView{}, v.Holders...), v.Waiters...)
+	if len(all) == 0 {
 		fmt.Fprintln(p.w, "free, nobody waits")
-	default:
-		fmt.Fprintf(p.w, "%d contender(s)\n", len(st.Entries))
+	} else {
+		fmt.Fprintf(p.w, "%d holder(s), %d waiter(s)\n", len(v.Holders), len(v.Waiters))
 		tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ROLE\t#\tTOKEN\tSESSION\tTTL\tKEY\tVALUE")
-		for _, e := range st.Entries {
+		fmt.Fprintln(tw, "ROLE\t#\tTOKEN\tORIGIN\tSESSION\tTTL\tKEY\tVALUE")
+		for i, c := range all {
 			tok := "-"
-			if e.Token != 0 {
-				tok = strconv.FormatUint(e.Token, 10)
+			if c.Token != 0 {
+				tok = strconv.FormatUint(c.Token, 10)
 			}
-			ttl := e.TTL
-			if e.TTLLeft != nil {
-				ttl = fmt.Sprintf("%ds left", *e.TTLLeft)
+			role := c.Role
+			if c.Mode != "" {
+				role += " (" + c.Mode + ")"
 			}
-			if e.LockDelay != "" {
-				ttl += " (lock-delay " + e.LockDelay + ")"
+			ttl := c.TTL
+			if c.Left != "" {
+				ttl = c.Left + " left of " + c.TTL
 			}
-			val := e.Value
-			if e.Native {
-				val += " (not holdfast)"
+			if c.LockDelay != "" {
+				ttl += ", lock-delay " + c.LockDelay
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.Role, e.Position, tok, e.Session, ttl, e.Key, val)
+			val := "-"
+			if c.Value != "" {
+				val = strconv.Quote(c.Value)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", role, i, tok, c.Origin, c.Session, ttl, c.Key, val)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
-	for _, k := range st.Other {
-		fmt.Fprintf(p.w, "other key under %s/: %s\n", st.Name, k)
+	for _, k := range v.Other {
+		fmt.Fprintf(p.w, "other key under %s/: %s\n", v.Name, k)
 	}
 	return nil
 }

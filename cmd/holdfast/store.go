@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
@@ -34,6 +35,11 @@ type storeFlags struct {
 	user     *string
 	password *string
 	token    *string
+
+	// Given to every session opened (lock and elect's --metrics-addr and
+	// --log), not flags of their own.
+	observers []holdfast.Observer
+	logger    *slog.Logger
 }
 
 // addStoreFlags declares the store flags on fs. Defaults come from the
@@ -43,6 +49,15 @@ type storeFlags struct {
 // CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_HTTP_SSL...),
 // HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
+	f := addConnFlags(fs)
+	f.ttl = fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)")
+	f.lockDelay = fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)")
+	return f
+}
+
+// addConnFlags declares the store flags but the session's (--ttl,
+// --lock-delay): for a command that opens no session.
+func addConnFlags(fs *flag.FlagSet) *storeFlags {
 	return &storeFlags{
 		cacert:    fs.String("cacert", "", "TLS: the CA certificate `FILE` that vouches for the store's servers ($ETCDCTL_CACERT; Consul: $CONSUL_CACERT)"),
 		cert:      fs.String("cert", "", "mutual TLS: the client certificate `FILE` ($ETCDCTL_CERT; Consul: $CONSUL_CLIENT_CERT)"),
@@ -53,8 +68,6 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 		backend:   fs.String("backend", envOr("HOLDFAST_BACKEND", "etcd"), "store: etcd or consul ($HOLDFAST_BACKEND)"),
 		endpoints: fs.String("endpoints", envOr("HOLDFAST_ENDPOINTS", envOr("ETCDCTL_ENDPOINTS", "127.0.0.1:2379")), "etcd endpoints, comma-separated ($HOLDFAST_ENDPOINTS, else $ETCDCTL_ENDPOINTS)"),
 		addr:      fs.String("addr", envOr("CONSUL_HTTP_ADDR", "127.0.0.1:8500"), "Consul agent HTTP address; https://host:port for HTTPS ($CONSUL_HTTP_ADDR, $CONSUL_HTTP_SSL)"),
-		ttl:       fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)"),
-		lockDelay: fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)"),
 	}
 }
 
@@ -85,6 +98,12 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		var opts []hfetcd.SessionOption
+		for _, o := range f.observers {
+			opts = append(opts, hfetcd.WithObserver(o))
+		}
+		if f.logger != nil {
+			opts = append(opts, hfetcd.WithLogger(f.logger))
+		}
 		if *f.ttl != 0 {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
 		}
@@ -109,6 +128,12 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		var opts []hfconsul.SessionOption
+		for _, o := range f.observers {
+			opts = append(opts, hfconsul.WithObserver(o))
+		}
+		if f.logger != nil {
+			opts = append(opts, hfconsul.WithLogger(f.logger))
+		}
 		if *f.ttl != 0 {
 			opts = append(opts, hfconsul.WithTTL(*f.ttl))
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once

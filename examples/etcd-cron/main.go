@@ -2,12 +2,16 @@
 // workers are scheduled to run it.
 //
 // Three workers (goroutines here, each with its own etcd client and session,
-// as separate processes would have) wake up on the same schedule and each
-// tries to take the lock /cron/report with TryLock. The winner runs the job;
-// the others skip the tick. The winner records its run with a guarded write,
-// Grant.Txn, which commits only while the lock is still held, so a worker
-// that lost the lock during the job (a long GC pause, a partition) cannot
-// record over a newer run. Each run's fencing token is higher than the last.
+// as separate processes would have) wake up on the same schedule, each up to
+// -jitter late, and each claims the tick with a once-per-period claim
+// (etcd.Once). The first claimant runs the job; the others are told at once
+// that the tick is claimed and skip it. The claim stays taken -at-least
+// (default half a tick) after it was made, even when the job is quicker, so
+// a worker that wakes up late (by less than that) cannot run the same tick
+// again. The winner records its run with a guarded write, Claim.Txn, which
+// commits only while the claim is still held, so a worker whose claim ended
+// during the job cannot record over a newer run. Each run's fencing token is
+// higher than the last.
 //
 //	go run ./examples/etcd-cron                  # starts an embedded etcd
 //	go run ./examples/etcd-cron -endpoints 127.0.0.1:2379 -ticks 20 -v
@@ -37,9 +41,8 @@ import (
 )
 
 const (
-	lockName = "cron/report"
-	// The job's record. Not under lockName+"/": every key there counts as a
-	// holder or a waiter of the lock.
+	claimName = "cron/report"
+	// The job's record (a guarded write may not touch the claim's key).
 	lastRunKey = "cron/last-run/report"
 )
 
@@ -57,6 +60,7 @@ type cron struct {
 	first       time.Time // when the first tick is
 	every, job  time.Duration
 	jitter      time.Duration // how late a worker may wake up
+	atLeast     time.Duration // how long a claim stays taken
 	ticks       int
 	verbose     bool
 	out         *log.Logger // safe for concurrent use
@@ -71,12 +75,19 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	fs.DurationVar(&c.every, "every", 100*time.Millisecond, "time between ticks")
 	fs.DurationVar(&c.job, "job", 20*time.Millisecond, "how long the job takes")
 	fs.DurationVar(&c.jitter, "jitter", 30*time.Millisecond, "workers wake up to this late (clock skew, load)")
+	fs.DurationVar(&c.atLeast, "at-least", 0, "how long a claim stays taken (default -every/2); keep -jitter < it and it + -jitter < -every")
 	fs.BoolVar(&c.verbose, "v", false, "also print the workers that skip a tick")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if c.ticks < 0 || c.every <= 0 || c.job < 0 || c.jitter < 0 {
-		return errors.New("-ticks, -every, -job and -jitter must not be negative, -every not zero")
+	if c.atLeast == 0 {
+		c.atLeast = c.every / 2
+	}
+	if c.ticks < 0 || c.every <= 0 || c.job < 0 || c.jitter < 0 || c.atLeast < 0 {
+		return errors.New("-ticks, -every, -job, -jitter and -at-least must not be negative, -every not zero")
+	}
+	if c.jitter >= c.atLeast || c.atLeast+c.jitter >= c.every {
+		return fmt.Errorf("-jitter %v must be under -at-least %v, and -at-least + -jitter under -every %v", c.jitter, c.atLeast, c.every)
 	}
 	eps := strings.Split(*endpoints, ",")
 	if *endpoints == "" {
@@ -118,7 +129,9 @@ func (c *cron) worker(ctx context.Context, name string, endpoints []string) erro
 		return err
 	}
 	defer s.Close()
-	m, err := etcd.NewMutex(s, lockName)
+	// AtMost: a claim whose worker died frees itself after 2 s (etcd's
+	// shortest lease), or after the job's time if longer.
+	o, err := etcd.NewOnce(s, claimName, holdfast.Schedule{Every: c.every, AtLeast: c.atLeast, AtMost: max(2*time.Second, 2*c.job)})
 	if err != nil {
 		return err
 	}
@@ -129,7 +142,7 @@ func (c *cron) worker(ctx context.Context, name string, endpoints []string) erro
 			return ctx.Err()
 		case <-time.After(time.Until(at) + rand.N(c.jitter+1)):
 		}
-		skipped, err := c.runJob(ctx, m, cli, name, tick, at)
+		skipped, err := c.runJob(ctx, o, name, tick, at)
 		if err != nil {
 			return err
 		} else if skipped == "" {
@@ -144,42 +157,29 @@ func (c *cron) worker(ctx context.Context, name string, endpoints []string) erro
 	return nil
 }
 
-// runJob runs the job of the tick due at `at` if it gets the lock and nobody
-// has run that tick yet. It returns why it skipped, or "" if it ran.
-func (c *cron) runJob(ctx context.Context, m *etcd.Mutex, cli *clientv3.Client, name string, tick int, at time.Time) (string, error) {
-	g, err := m.TryLock(ctx)
-	if errors.Is(err, holdfast.ErrLocked) {
-		return "lock taken", nil
+// runJob runs the job of the tick due at `at` if it is the first to claim
+// the tick. It returns why it skipped, or "" if it ran.
+func (c *cron) runJob(ctx context.Context, o *etcd.Once, name string, tick int, at time.Time) (string, error) {
+	cl, err := o.ClaimPeriod(ctx, at)
+	if errors.Is(err, holdfast.ErrClaimed) {
+		return "claimed", nil
 	} else if err != nil {
 		return "", err
 	}
-	defer g.Unlock(context.WithoutCancel(ctx)) // ErrNotHeld if the lock was lost: nothing to undo
+	// The run is over (the claim stays taken until -at-least has passed).
+	defer cl.Unlock(context.WithoutCancel(ctx)) // ErrNotHeld if the claim ended: nothing to undo
 
-	// A worker running late can get the lock after this tick's run is over:
-	// check the record (only a holder writes it, so it cannot change now).
-	resp, err := cli.Get(ctx, lastRunKey)
-	if err != nil {
-		return "", err
-	}
-	var last int64 // when the last run was due, in Unix ns
-	if len(resp.Kvs) > 0 {
-		fmt.Sscanf(string(resp.Kvs[0].Value), "at=%d", &last)
-	}
-	if last >= at.UnixNano() {
-		return "already ran", nil
-	}
-
-	select { // the job, under the grant's context: cancelled if the lock is lost
+	select { // the job, under the claim's context: cancelled if the claim ends
 	case <-time.After(c.job):
-	case <-g.Context().Done():
-		return "lock lost during the job", nil
+	case <-cl.Context().Done():
+		return "claim lost during the job", nil
 	}
-	record := fmt.Sprintf("at=%d tick=%d worker=%s token=%d", at.UnixNano(), tick, name, g.Token())
-	if _, err := g.Txn(ctx, clientv3.OpPut(lastRunKey, record)); errors.Is(err, holdfast.ErrNotHeld) {
-		return "lock lost before the record was written", nil
+	record := fmt.Sprintf("at=%d tick=%d worker=%s token=%d", at.UnixNano(), tick, name, cl.Token())
+	if _, err := cl.Txn(ctx, clientv3.OpPut(lastRunKey, record)); errors.Is(err, holdfast.ErrNotHeld) {
+		return "claim lost before the record was written", nil
 	} else if err != nil {
 		return "", err
 	}
-	c.out.Printf("tick %d: %s ran the job (token %d)", tick, name, g.Token()) // still held: lines come in run order
+	c.out.Printf("tick %d: %s ran the job (token %d)", tick, name, cl.Token()) // still held: lines come in run order
 	return "", nil
 }

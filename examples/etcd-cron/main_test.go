@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/embedtest"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once
@@ -35,7 +35,7 @@ func runCron(t *testing.T, args ...string) string {
 
 var (
 	ranRe     = regexp.MustCompile(`^tick (\d+): (worker-[123]) ran the job \(token (\d+)\)$`)
-	skipRe    = regexp.MustCompile(`^tick (\d+): worker-[123] skipped \((lock taken|already ran|lock lost during the job|lock lost before the record was written)\)$`)
+	skipRe    = regexp.MustCompile(`^tick (\d+): worker-[123] skipped \((claimed|claim lost during the job|claim lost before the record was written)\)$`)
 	summaryRe = regexp.MustCompile(`^runs=(\d+) skipped=(\d+)$`)
 )
 
@@ -116,14 +116,23 @@ func TestEmbedded(t *testing.T) {
 	checkRuns(t, out, 10, 0, false)
 }
 
-// TestInstantJob makes the job instant, so the winner unlocks before the
-// workers that wake up later try the same tick: they get the lock, and must
-// not run the job a second time.
+// TestInstantJob makes the job instant, so the winner releases its claim
+// before the workers that wake up later try the same tick: the claim stays
+// taken -at-least (40 ms, more than the 30 ms jitter), so they are refused
+// and do not run the job a second time.
 func TestInstantJob(t *testing.T) {
-	out := runCron(t, "-ticks", "20", "-every", "50ms", "-job", "0", "-jitter", "30ms", "-v")
+	out := runCron(t, "-ticks", "20", "-every", "80ms", "-job", "0", "-jitter", "30ms", "-v")
 	checkRuns(t, out, 20, 0, true)
-	if n := strings.Count(out, "(already ran)"); n == 0 {
-		t.Errorf("no worker got the lock after its tick's run: the test did not test that")
+	if n := strings.Count(out, "(claimed)"); n == 0 {
+		t.Errorf("no worker was refused a claimed tick: the test did not test that")
+	}
+}
+
+// TestBadSchedule: a jitter the claim cannot absorb is refused.
+func TestBadSchedule(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), &out, []string{"-every", "50ms", "-jitter", "30ms"}); err == nil || !strings.Contains(err.Error(), "-jitter") {
+		t.Errorf("-every 50ms -jitter 30ms (at-least 25ms): %v, want an error about -jitter", err)
 	}
 }
 
@@ -136,7 +145,7 @@ func TestEndpoints(t *testing.T) {
 
 	var last int64
 	for i := range 2 {
-		out := runCron(t, "-endpoints", eps, "-ticks", "5", "-every", "50ms", "-v")
+		out := runCron(t, "-endpoints", eps, "-ticks", "5", "-every", "80ms", "-v")
 		if strings.Contains(out, "embedded") {
 			t.Errorf("run %d started an embedded etcd despite -endpoints", i+1)
 		}
@@ -158,12 +167,21 @@ func TestEndpoints(t *testing.T) {
 		if got := string(resp.Kvs[0].Value); !want.MatchString(got) {
 			t.Errorf("run %d: record %q, want the last run %+v", i+1, got, r)
 		}
-		// Every session was closed: no lock key is left behind.
-		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
-		left, err := cli.Get(ctx, lockName+"/", clientv3.WithPrefix())
-		cancel()
-		if err != nil || len(left.Kvs) != 0 {
-			t.Errorf("run %d: lock keys left: %v, %v", i+1, err, left.Kvs)
+		// The last claim ends when its lease does (the sessions closed
+		// before -at-least passed): nothing is left behind.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+			left, err := cli.Get(ctx, claimName+"/", clientv3.WithPrefix())
+			cancel()
+			if err == nil && len(left.Kvs) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("run %d: claim keys left: %v, %v", i+1, err, left.Kvs)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 }

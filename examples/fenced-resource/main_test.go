@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once

@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/embedtest"
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestMain fails the package if the example leaves a goroutine running once

@@ -135,7 +135,7 @@ func run(ctx context.Context, etcdAddr, consulAddr string) error {
 	if err != nil {
 		return err
 	}
-	err = runOnce(ctx, holdfast.AsLocker[*etcd.Grant](m), func(ctx context.Context, token holdfast.Token) error {
+	err = runOnce(ctx, holdfast.AsLocker(m), func(ctx context.Context, token holdfast.Token) error {
 		fmt.Println("etcd: cleanup ran once under token", token)
 		return nil
 	})

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/holdfast/holdfast/internal/benchdocs"
+	"github.com/holdfast/holdfast/cmd/holdfast/internal/benchdocs"
 )
 
-const fixture = "../../internal/benchdocs/testdata/fixture.jsonl"
+const fixture = "../../benchdocs/testdata/fixture.jsonl"
 
 // TestRun splices the tables into a document between its markers, keeps
 // the prose around them, and writes the plots.

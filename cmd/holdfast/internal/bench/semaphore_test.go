@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestSemaphoreShort runs a very short semaphore scenario on each store

@@ -2,10 +2,14 @@ package benchdocs
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot/plotter"
 )
 
 func loadFixture(t *testing.T) Data {
@@ -151,5 +155,83 @@ func TestLoadMembers(t *testing.T) {
 	}
 	if got := []string{d.Rows[0].Str("backend"), d.Rows[1].Str("backend"), d.Ratios[0].Str("backend")}; got[0] != "etcd-3-members" || got[1] != "etcd" || got[2] != "etcd-3-members" {
 		t.Errorf("backends %v, want [etcd-3-members etcd etcd-3-members]", got)
+	}
+}
+
+// TestOneStylePerImplementation: an implementation has one colour and
+// marker in every plot, whichever others the plot shows (the index-based
+// palette drew native as green squares, and floor too where native was
+// missing), and no two implementations share one.
+func TestOneStylePerImplementation(t *testing.T) {
+	pts := func(y float64) series { return series{pts: plotter.XYs{{X: 1, Y: y}, {X: 8, Y: y}}} }
+	named := func(n string, y float64) series { s := pts(y); s.name = n; return s }
+	g := &gen{opts: Options{Dir: t.TempDir()}}
+	for _, c := range []chart{
+		{file: "all.png", series: []series{named("holdfast", 1), named("native", 2), named("floor", 3)}},
+		{file: "no-native.png", series: []series{named("holdfast", 1), named("floor", 3)}},
+		{file: "no-holdfast.png", series: []series{named("native (0 handoffs: its releaser takes the lock again)", 2), named("floor", 3)}},
+		{file: "backends.png", series: []series{named("consul holdfast", 1), named("etcd holdfast", 2), named("etcd native", 3)}},
+	} {
+		if _, err := g.build(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type look struct{ color, shape string }
+	seen := map[string]look{}
+	owner := map[look]string{}
+	for _, d := range g.drawn {
+		impl, _, _ := strings.Cut(d.name, " (")
+		if _, i, ok := strings.Cut(impl, " "); ok {
+			impl = i
+		}
+		l := look{fmt.Sprint(d.color), fmt.Sprintf("%T", d.shape)}
+		if prev, ok := seen[impl]; ok && prev != l {
+			t.Errorf("%s: %q drawn as %v, elsewhere as %v", d.file, d.name, l, prev)
+		}
+		seen[impl] = l
+		if o, ok := owner[l]; ok && o != impl {
+			t.Errorf("%s: %q drawn like %q (%v)", d.file, d.name, o, l)
+		}
+		owner[l] = impl
+	}
+	if len(seen) != 3 {
+		t.Errorf("styles of %d implementations, want 3: %v", len(seen), seen)
+	}
+}
+
+// TestArtefactAndHandoffsSaid: a negative heap per grant (an artefact of
+// the sampling) is not drawn but noted, and a throughput series with no
+// handoff in any contended run says so in its legend.
+func TestArtefactAndHandoffsSaid(t *testing.T) {
+	rows := `{"scenario":"many-locks","backend":"etcd","impl":"holdfast","locks":1000,"heap_bytes_per_grant":-140.9}
+{"scenario":"many-locks","backend":"etcd","impl":"holdfast","locks":10000,"heap_bytes_per_grant":1410}
+{"scenario":"lock","backend":"consul","impl":"native","contenders":1,"hold_ms":0,"acq_per_s":876,"handoffs":0}
+{"scenario":"lock","backend":"consul","impl":"native","contenders":8,"hold_ms":0,"acq_per_s":880,"handoffs":0}
+{"scenario":"lock","backend":"consul","impl":"holdfast","contenders":8,"hold_ms":0,"acq_per_s":400,"handoffs":1233}
+`
+	d, err := Load(strings.NewReader(rows), "inline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gen{d: d, opts: Options{Dir: t.TempDir()}, md: &strings.Builder{}}
+	if err := g.plots(); err != nil {
+		t.Fatal(err)
+	}
+	var legends []string
+	for _, s := range g.drawn {
+		for _, p := range s.pts {
+			if s.file == "many-locks-memory.png" && p.Y < 0 {
+				t.Errorf("%s: %q draws %v B per grant at %v locks", s.file, s.name, p.Y, p.X)
+			}
+		}
+		if s.file == "consul-lock-throughput.png" {
+			legends = append(legends, s.name)
+		}
+	}
+	if !slices.Contains(legends, "native (0 handoffs: its releaser takes the lock again)") || !slices.Contains(legends, "holdfast") {
+		t.Errorf("consul lock throughput legends %q: want native's 0 handoffs said, holdfast plain", legends)
+	}
+	if !slices.ContainsFunc(g.notes, func(n string) bool { return strings.Contains(n, "-140.9 B per grant") }) {
+		t.Errorf("notes %q: want the artefact named", g.notes)
 	}
 }

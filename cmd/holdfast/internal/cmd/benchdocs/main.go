@@ -1,7 +1,7 @@
 // Command benchdocs reads the output of `holdfast bench --json` and writes
 // the plots (PNG) and tables of docs/BENCHMARKS.md:
 //
-//	go run ./cmd/benchdocs [-out docs/bench] [-doc docs/BENCHMARKS.md] [-label text] file.jsonl...
+//	go run ./cmd/holdfast/internal/cmd/benchdocs [-out docs/bench] [-doc docs/BENCHMARKS.md] [-label text] file.jsonl...
 //
 // The tables and plot links replace the text between the markers
 // <!-- bench:begin --> and <!-- bench:end --> in the document; the rest of
@@ -13,7 +13,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/holdfast/holdfast/internal/benchdocs"
+	"github.com/holdfast/holdfast/cmd/holdfast/internal/benchdocs"
 )
 
 func main() {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/leakcheck"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
 // TestQuick is the smoke test of the quick run (`holdfast bench --quick`,

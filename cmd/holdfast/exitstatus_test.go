@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// TestExitStatusTableAgrees: lock's help, elect's (which refers to lock's)
+// and the README list the same exit statuses.
+func TestExitStatusTableAgrees(t *testing.T) {
+	_, table, ok := strings.Cut(lockCommand.usage, "Exit status:\n")
+	if !ok {
+		t.Fatal("lock's usage has no exit status table")
+	}
+	var help []string
+	for _, l := range strings.Split(table, "\n") {
+		if len(l) > 2 && l[2] != ' ' {
+			help = append(help, strings.TrimSpace(l[:18]))
+		}
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "| exit status | meaning |\n|---|---|\n")
+	if !ok {
+		t.Fatal("README has no exit status table")
+	}
+	var md []string
+	for _, l := range strings.Split(rest, "\n") {
+		if !strings.HasPrefix(l, "| ") {
+			break
+		}
+		md = append(md, strings.TrimSpace(strings.Split(l, "|")[1]))
+	}
+	if !slices.Equal(help, md) {
+		t.Errorf("lock --help lists %q, the README %q", help, md)
+	}
+	if !strings.Contains(electCommand.usage, `the other exit statuses are those of "holdfast
+lock"`) {
+		t.Error("elect's usage does not refer to lock's exit statuses")
+	}
+	want := []string{"CMD's own", "2", "122", "124", "125", "126, 127", "128+N"}
+	if !slices.Equal(help, want) {
+		t.Errorf("lock --help lists %q, TestExitStatusRows covers %q", help, want)
+	}
+}
+
+// TestExitStatusRows: one case (or more) per row of the exit status table,
+// with the built binary against embedded etcd. Usage and input errors exit
+// 2 before any request: they are tried against a listener that never
+// answers, where a request would hang.
+func TestExitStatusRows(t *testing.T) {
+	e := embedtest.Etcd(t)
+	ep := e.Endpoints()[0]
+	silent := silentListener(t)
+	dir := t.TempDir()
+
+	// 2: usage and input errors, found before any request.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lock"}, "missing NAME and the command"},
+		{[]string{"lock", "--", "true"}, "missing NAME before -- true"},
+		{[]string{"lock", "jobs"}, "missing the command to run after NAME jobs"},
+		{[]string{"lock", "jobs", "extra", "--", "true"}, "one NAME before --"},
+		{[]string{"lock", "--bogus", "jobs", "--", "true"}, "unknown flag"},
+		{[]string{"lock", "a//b", "--", "true"}, "invalid name"},
+		{[]string{"lock", "a\u200bb", "--", "true"}, "invalid name"},
+		{[]string{"lock", "-n", "0", "jobs", "--", "true"}, "at least 1"},
+		{[]string{"lock", "--timeout", "-1s", "jobs", "--", "true"}, "negative"},
+		{[]string{"lock", "--ttl", "-5s", "jobs", "--", "true"}, "invalid TTL"},
+		{[]string{"lock", "--ttl", "1ms", "jobs", "--", "true"}, "invalid TTL"},
+		{[]string{"lock", "--backend", "redis", "jobs", "--", "true"}, "want etcd or consul"},
+		{[]string{"lock", "--lock-delay", "1s", "jobs", "--", "true"}, "Consul only"},
+		{[]string{"lock", "--token", "x", "jobs", "--", "true"}, "Consul only"},
+		{[]string{"elect", "jobs", "--", "true"}, "--value is required"},
+		{[]string{"elect", "--value", "v", "--ttl", "-5s", "jobs", "--", "true"}, "invalid TTL"},
+		{[]string{"elect", "--observe", "a//b"}, "invalid name"},
+	} {
+		p := start(t, append([]string{tc.args[0], "--endpoints", silent}, tc.args[1:]...)...)
+		code := p.wait(t, 10*time.Second)
+		if msg := p.stderr.String(); code != 2 || !strings.Contains(msg, tc.want) || p.took > time.Second {
+			t.Errorf("holdfast %q: exit %d after %v, want 2 within 1 s (no request); stderr lacks %q:\n%s", tc.args, code, p.took, tc.want, msg)
+		}
+	}
+
+	// CMD's own, 126, 127, 125.
+	notExec := filepath.Join(dir, "script")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		row  string
+		args []string
+		code int
+		want string
+	}{
+		{"CMD's own", []string{"--endpoints", ep, "rows", "--", "sh", "-c", "exit 7"}, 7, ""},
+		{"CMD's own, killed", []string{"--endpoints", ep, "rows", "--", "sh", "-c", "kill -9 $$"}, 128 + 9, ""},
+		{"CMD's own, --child-exit-code=false", []string{"--child-exit-code=false", "--endpoints", ep, "rows", "--", "sh", "-c", "exit 7"}, 0, ""},
+		{"126", []string{"--endpoints", ep, "rows", "--", notExec}, exitCannotRun, "permission denied"},
+		{"127", []string{"--endpoints", ep, "rows", "--", filepath.Join(dir, "absent")}, exitNotFound, "no such file"},
+		{"125", []string{"--endpoints", refusedAddr(t), "--timeout", "1s", "rows", "--", "true"}, exitFailed, "connection refused"},
+	} {
+		p := start(t, append([]string{"lock"}, tc.args...)...)
+		if code := p.wait(t, 30*time.Second); code != tc.code || !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("row %s: exit %d, want %d; stderr lacks %q: %s", tc.row, code, tc.code, tc.want, p.stderr.String())
+		}
+	}
+
+	// 124 and 128+N: the lock held elsewhere.
+	holdEtcd(t, e, "rows")
+	p := start(t, "lock", "--endpoints", ep, "--try", "rows", "--", "true")
+	if code := p.wait(t, 30*time.Second); code != exitNotAcquired || !strings.Contains(p.stderr.String(), "rows: not acquired") {
+		t.Errorf("row 124: exit %d; stderr: %s", code, p.stderr.String())
+	}
+	p = start(t, "lock", "--endpoints", ep, "rows", "--", "true")
+	eventually(t, 20*time.Second, "the waiter's key did not appear", func() bool { return len(keysUnder(t, e.Client(t), "rows/")) == 2 })
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	if code := p.wait(t, 10*time.Second); code != 128+int(syscall.SIGINT) {
+		t.Errorf("row 128+N: exit %d, want %d; stderr: %s", code, 128+int(syscall.SIGINT), p.stderr.String())
+	}
+
+	// 122: the lease revoked while CMD runs.
+	p = start(t, "lock", "--endpoints", ep, "rows2", "--", "sleep", "60")
+	var keys []string
+	eventually(t, 20*time.Second, "the holder's key did not appear", func() bool { keys = keysUnder(t, e.Client(t), "rows2/"); return len(keys) == 1 })
+	lease, err := strconv.ParseInt(keys[0][len("rows2/"):], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Client(t).Revoke(context.Background(), clientv3.LeaseID(lease)); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 20*time.Second); code != exitLost {
+		t.Errorf("row 122: exit %d; stderr: %s", code, p.stderr.String())
+	}
+}
+
+// TestErrorMessages: one prefix per layer and the name once; a semaphore
+// limit mismatch is said as such, on both stores.
+func TestErrorMessages(t *testing.T) {
+	e := embedtest.Etcd(t)
+	a := embedtest.Consul(t)
+	for _, st := range []struct {
+		name  string
+		flags []string
+	}{
+		{"etcd", []string{"--endpoints", e.Endpoints()[0]}},
+		{"consul", []string{"--backend", "consul", "--addr", a.HTTPAddr, "--lock-delay", "0"}},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			ready := filepath.Join(t.TempDir(), "ready")
+			hold := func(args ...string) {
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					var o, er bytes.Buffer
+					run(ctx, &env{&o, &er}, append(append(args, st.flags...), "--", "sh", "-c", `touch "$0"; sleep 60`, ready))
+				}()
+				t.Cleanup(func() { cancel(); <-done })
+				eventually(t, 20*time.Second, "the holder did not start", func() bool { _, err := os.Stat(ready); return err == nil })
+				os.Remove(ready)
+			}
+			hold("lock", "-n", "2", "msg/sem")
+			hold("lock", "-n", "2", "msg/sem")
+			hold("lock", "msg/mu")
+			for _, tc := range []struct {
+				args []string
+				code int
+				want string
+			}{
+				{[]string{"lock", "-n", "2", "--try", "msg/sem"}, exitNotAcquired, `^holdfast lock: msg/sem: not acquired: [^:]*$`},
+				{[]string{"lock", "--try", "msg/mu"}, exitNotAcquired, `^holdfast lock: msg/mu: not acquired: [^:]*$`},
+				{[]string{"lock", "-n", "3", "--try", "msg/sem"}, exitFailed, `^holdfast lock: msg/sem: semaphore limit mismatch: [^:]*(: clients must agree on the limit)?$`},
+				{[]string{"lock", "--try", "msg/sem"}, exitFailed, `^holdfast lock: msg/sem: in use by another kind of lock or a longer name: `},
+			} {
+				var o, er bytes.Buffer
+				code := run(context.Background(), &env{&o, &er}, append(append(tc.args, st.flags...), "--", "true"))
+				msg := strings.TrimSpace(er.String())
+				if code != tc.code || !regexp.MustCompile(tc.want).MatchString(msg) || len(regexp.MustCompile(`holdfast( \w+|/\w+)?: `).FindAllString(msg, -1)) != 1 {
+					t.Errorf("holdfast %q: exit %d, want %d; message %q, want %s with one holdfast prefix (a layer)", tc.args, code, tc.code, msg, tc.want)
+				}
+				t.Logf("%q: %s", tc.args, msg)
+			}
+		})
+	}
+}

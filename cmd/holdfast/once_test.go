@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+func TestOnceUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"once", "jobs", "--", "true"}, "--every is required"},
+		{[]string{"once", "--every", "1m", "jobs"}, "missing the command"},
+		{[]string{"once", "--every", "1m", "--at-least", "2m", "jobs", "--", "true"}, "AtLeast"},
+		{[]string{"once", "--every", "1m", "--claimed-exit", "300", "jobs", "--", "true"}, "0 to 255"},
+		{[]string{"once", "--every", "1m", "/jobs", "--", "true"}, "invalid name"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, tc.args)
+		if got := stderr.String(); code != 2 || !strings.Contains(got, tc.want) {
+			t.Errorf("holdfast %s: exit %d, want 2; stderr lacks %q:\n%s", strings.Join(tc.args, " "), code, tc.want, got)
+		}
+	}
+}
+
+// TestOnceTicks: 5 replicas (holdfast processes) fire at every tick, each
+// late by its own offset of up to half of --at-least; the run logs its
+// period and token. In tick 2 the replica that runs is killed with SIGKILL
+// while its command runs. Every period has exactly one run (the killed
+// claim's --at-most is shorter than a period minus the offsets), tokens
+// increase, the others exit 0 (or --claimed-exit) without running.
+func TestOnceTicks(t *testing.T) {
+	holdfastBin(t) // built before the ticks are laid out
+	e := embedtest.Etcd(t)
+	ep := e.Endpoints()[0]
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs")
+	t.Setenv("RUNS", log)
+	const (
+		replicas = 5
+		ticks    = 6
+		every    = 4 * time.Second
+		atLeast  = time.Second
+	)
+	sched := holdfast.Schedule{Every: every, AtLeast: atLeast, AtMost: 2 * time.Second}
+	first := sched.Period(time.Now()).Add(every)
+	offsets := make([]time.Duration, replicas)
+	for i := range offsets {
+		offsets[i] = time.Duration(rand.Int64N(int64(atLeast / 2)))
+	}
+	script := `echo "$HOLDFAST_PERIOD $HOLDFAST_TOKEN" >> "$RUNS"; echo ran; sleep "$HOLD"`
+	for k := range ticks {
+		p := first.Add(time.Duration(k) * every)
+		hold := "0.2"
+		if k == 2 {
+			hold = "30"
+		}
+		t.Setenv("HOLD", hold)
+		procs := make([]*proc, replicas)
+		var begun []time.Time
+		for i := range replicas {
+			time.Sleep(time.Until(p.Add(offsets[i])))
+			begun = append(begun, time.Now())
+			procs[i] = start(t, "once", "--endpoints", ep, "--every", every.String(), "--at-least", atLeast.String(), "--at-most", "2s", "--claimed-exit", "3", "jobs/report", "--", "sh", "-c", script)
+		}
+		if k == 2 {
+			var runner *proc
+			eventually(t, 5*time.Second, "no replica ran in tick 2", func() bool {
+				for _, q := range procs {
+					if strings.Contains(q.stdout.String(), "ran") {
+						runner = q
+						return true
+					}
+				}
+				return false
+			})
+			if err := runner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ran, claimed := 0, 0
+		for i, q := range procs {
+			code := q.wait(t, 20*time.Second)
+			switch {
+			case code == 3:
+				claimed++
+			case code == 0 && strings.Contains(q.stdout.String(), "ran"):
+				ran++
+			case k == 2 && code == -1:
+				ran++ // the killed one
+			default:
+				t.Errorf("tick %d, replica %d (started %v late): exit %d\nstdout: %s\nstderr: %s", k, i, begun[i].Sub(p), code, q.stdout.String(), q.stderr.String())
+			}
+		}
+		if ran != 1 || claimed != replicas-1 {
+			t.Errorf("tick %d: %d runs and %d refusals, want 1 and %d", k, ran, claimed, replicas-1)
+			for i, q := range procs {
+				t.Logf("replica %d: stderr: %s", i, q.stderr.String())
+			}
+		}
+	}
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != ticks {
+		t.Fatalf("runs logged:\n%s\nwant one per tick (%d)", data, ticks)
+	}
+	var last uint64
+	for k, l := range lines {
+		var period string
+		var token uint64
+		if _, err := fmt.Sscan(l, &period, &token); err != nil {
+			t.Fatalf("run line %q: %v", l, err)
+		}
+		if want := first.Add(time.Duration(k) * every).Format(time.RFC3339); period != want {
+			t.Errorf("run %d: period %s, want %s", k, period, want)
+		}
+		if token <= last {
+			t.Errorf("run %d: token %d after %d", k, token, last)
+		}
+		last = token
+	}
+	t.Logf("%d replicas x %d ticks (offsets %v, SIGKILL in tick 2): one run per period", replicas, ticks, offsets)
+}
+
+// TestOnceConsul: on Consul, the first replica of a period runs (its token
+// is the claim key's ModifyIndex), a second one while it runs and a third
+// one after it ended but within --at-least do not run.
+func TestOnceConsul(t *testing.T) {
+	holdfastBin(t)
+	a := embedtest.Consul(t)
+	c := a.Client(t)
+	args := []string{"once", "--backend", "consul", "--addr", a.HTTPAddr, "--every", "1h", "--at-least", "10s", "--at-most", "30s", "--claimed-exit", "3", "ops/report", "--", "sh", "-c", `echo "$HOLDFAST_KEY|$HOLDFAST_TOKEN"; sleep 1`}
+	p := start(t, args...)
+	eventually(t, 30*time.Second, "the command did not start", func() bool { return strings.Contains(p.stdout.String(), "|") })
+	f := strings.Split(strings.TrimSpace(p.stdout.String()), "|")
+	pair, _, err := c.KV().Get("ops/report/.claim", nil)
+	if err != nil || pair == nil || pair.Session == "" {
+		t.Fatalf("claim key %+v, %v: want it held", pair, err)
+	}
+	if f[0] != "ops/report/.claim" || f[1] != fmt.Sprint(pair.ModifyIndex) {
+		t.Errorf("HOLDFAST_KEY=%q HOLDFAST_TOKEN=%q, want ops/report/.claim and its ModifyIndex %d", f[0], f[1], pair.ModifyIndex)
+	}
+	q := start(t, args...)
+	if code := q.wait(t, 30*time.Second); code != 3 || strings.Contains(q.stdout.String(), "|") {
+		t.Errorf("second replica while the first runs: exit %d (want 3, not run); stdout %q stderr %q", code, q.stdout.String(), q.stderr.String())
+	}
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("first replica: exit %d; stderr: %s", code, p.stderr.String())
+	}
+	r := start(t, args...)
+	if code := r.wait(t, 30*time.Second); code != 3 || strings.Contains(r.stdout.String(), "|") {
+		t.Errorf("third replica after the run, within --at-least: exit %d (want 3, not run); stdout %q stderr %q", code, r.stdout.String(), r.stderr.String())
+	}
+}

@@ -1,0 +1,185 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"errors"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/mutant"
+)
+
+// MultiMutex locks a set of names as one grant. Each name is an ordinary
+// Mutex (same keys, same FIFO queue per name, so it excludes Mutex, api.Lock
+// and consul lock users of that name); the names are
+// always taken in one canonical order (sorted, duplicates removed), so
+// multi-name locks never deadlock one another, whatever order their callers
+// pass the names in.
+type MultiMutex struct {
+	s     *Session
+	names []string
+	ms    []*Mutex
+}
+
+// NewMultiMutex returns the lock of names, taken through session s. Each
+// name follows holdfast.ValidateName; duplicates are ignored; a name under
+// another of the set ("a" and "a/b") is an error wrapping
+// holdfast.ErrInvalidArgument.
+func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
+	}
+	sorted, err := core.MultiNames(names)
+	if err != nil {
+		return nil, err
+	}
+	m := &MultiMutex{s: s, names: sorted}
+	for _, n := range sorted {
+		mu, err := NewMutex(s, n)
+		if err != nil {
+			return nil, err
+		}
+		m.ms = append(m.ms, mu)
+	}
+	return m, nil
+}
+
+// Names returns the names in the order they are taken.
+func (m *MultiMutex) Names() []string { return append([]string(nil), m.names...) }
+
+// Lock takes every name, one after the other in canonical order, each
+// waiting in its name's FIFO queue (holding the names before it). It
+// returns when all are held, or with an error when ctx or the session ends
+// or a part fails; then the names already held are released and the
+// waiting key removed (in the session's background if ctx has ended),
+// leaving nothing held or queued.
+func (m *MultiMutex) Lock(ctx context.Context) (*MultiGrant, error) { return m.lock(ctx, false) }
+
+// TryLock takes every name with Mutex.TryLock, in canonical order, and
+// fails with an error wrapping holdfast.ErrLocked at the first one held or
+// waited for; the names taken before it are then released.
+func (m *MultiMutex) TryLock(ctx context.Context) (*MultiGrant, error) { return m.lock(ctx, true) }
+
+func (m *MultiMutex) lock(ctx context.Context, try bool) (*MultiGrant, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	multi, err := core.LockAll(ctx, m.names, func(ctx context.Context, i int) (*Grant, error) {
+		if try {
+			return m.ms[i].TryLock(ctx)
+		}
+		return m.ms[i].Lock(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &MultiGrant{multi: multi, s: m.s}, nil
+}
+
+// MultiGrant is a held multi-name lock: one Grant per name. A write that
+// concerns one name is fenced by that name's token (Token(name)); Txn
+// guards a write by every name at once.
+type MultiGrant struct {
+	multi *core.Multi[*Grant]
+	s     *Session
+}
+
+// Names returns the names, sorted.
+func (g *MultiGrant) Names() []string { return g.multi.Names() }
+
+// Grants returns the grant of each name, in the order of Names.
+func (g *MultiGrant) Grants() []*Grant { return g.multi.Parts() }
+
+// Grant returns the grant of name, or nil if name is not one of the set.
+func (g *MultiGrant) Grant(name string) *Grant {
+	p, _ := g.multi.Part(name)
+	return p
+}
+
+// Token returns the fencing token of name's grant (0 if name is not one of
+// the set): what fences a write to the resource that name protects.
+func (g *MultiGrant) Token(name string) holdfast.Token {
+	if p := g.Grant(name); p != nil {
+		return p.Token()
+	}
+	return 0
+}
+
+// Context is cancelled when any part ends: with holdfast.ErrReleased after
+// Unlock, else with the first lost part's cause (wrapping
+// holdfast.ErrLost), naming it.
+func (g *MultiGrant) Context() context.Context { return g.multi.Context() }
+
+// Deadline is the earliest of the parts' safe deadlines.
+func (g *MultiGrant) Deadline() time.Time { return g.multi.Deadline() }
+
+// Key returns the key of name's grant ("" if name is not one of the set).
+func (g *MultiGrant) Key(name string) string {
+	if p := g.Grant(name); p != nil {
+		return p.Key()
+	}
+	return ""
+}
+
+// Unlock releases every part concurrently, each as Grant.Unlock does
+// (guarded, bounded by ctx, finished in the background if ctx ends first),
+// and returns the parts' errors joined.
+func (g *MultiGrant) Unlock(ctx context.Context) error { return g.multi.Unlock(ctx) }
+
+// Txn runs ops in one Consul transaction (/v1/txn) that applies only while
+// every part is held: a check-session of every part's lock key comes first.
+// If a part was released or lost, nothing is applied and the error wraps
+// holdfast.ErrNotHeld (and the multi-grant ends). ops may not touch any
+// part's keys (see Grant.Txn), and take at most MaxTxnOps minus the number
+// of names. On success the response's Results are those of ops.
+func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	parts := g.multi.Parts()
+	if len(ops)+len(parts) > MaxTxnOps {
+		return nil, fmt.Errorf("%w: %d operations and %d guards: more than %d", holdfast.ErrInvalidArgument, len(ops), len(parts), MaxTxnOps)
+	}
+	guard := make(api.TxnOps, 0, len(parts))
+	for i, p := range parts {
+		if err := p.checkOps(ops); err != nil {
+			return nil, err
+		}
+		if i == len(parts)-1 && mutant.On("consul/multi-txn-check-session") {
+			break // the last part unguarded
+		}
+		guard = append(guard, p.Guard()...)
+	}
+	if !g.multi.Held() {
+		return nil, g.multi.NotHeld()
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := g.s.txn(ctx, append(guard, ops...))
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
+		if rb.denied() {
+			return nil, txnError("guarded transaction on "+fmt.Sprint(g.multi.Names()), rb)
+		}
+		g.multi.Lose(fmt.Errorf("%w: a part's lock key is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.s.id))
+		g.s.checkSoon()
+		return nil, g.multi.NotHeld()
+	case rb != nil:
+		for _, e := range resp.Errors {
+			e.OpIndex -= len(guard)
+		}
+		return resp, txnError("guarded transaction on "+fmt.Sprint(g.multi.Names()), rb)
+	case err != nil:
+		return nil, err
+	}
+	if len(resp.Results) >= len(guard) {
+		resp.Results = resp.Results[len(guard):]
+	}
+	return resp, nil
+}

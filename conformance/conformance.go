@@ -218,6 +218,7 @@ var subtests = []subtest{
 	{"MultiNoDeadlock", testMultiNoDeadlock, needsMulti},
 	{"MultiCancel", testMultiCancel, needsMulti},
 	{"MultiLoss", testMultiLoss, needsMulti},
+	{"MultiFIFO", testMultiFIFO, needsMulti},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a

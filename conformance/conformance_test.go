@@ -56,7 +56,7 @@ var brokenFakes = []struct {
 	bug      string
 	mustFail []string
 }{
-	{bugLIFO, []string{"FIFO"}},
+	{bugLIFO, []string{"FIFO", "MultiFIFO"}},
 	{bugNoExclusion, []string{"MutualExclusion"}},
 	{bugSessionToken, []string{"MutualExclusion", "LossNotice", "RWTokens", "ElectionOneLeader"}},
 	{bugZeroToken, []string{"MonotonicTokens"}},
@@ -246,5 +246,5 @@ var allSubtests = []string{
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
 	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
-	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss", "MultiFIFO",
 }

@@ -92,6 +92,22 @@
 //     leader's context ends before the next leader's Campaign returns;
 //     ElectionFailover, a killed leader is told within LossNotice and the
 //     next candidate wins within OpTimeout with a higher term.
+//   - Once-per-period claim (Backend.NewClaimer, a [Claimer]): ClaimOnce, of
+//     5 claimants of a period exactly one gets it and the others get
+//     ErrClaimed at once, the claim stays AtLeast after an early release,
+//     then the next period's claim succeeds with a higher token; ClaimAtMost,
+//     a claimant cut off while holding is told (its context ends) before
+//     anyone else can claim, and the claim is free by AtMost + ClaimFree;
+//     ClaimTicks, 5 claimants with offsets up to AtLeast/2 over 8 periods,
+//     one crashing: at most one run per period, exactly one where nothing
+//     could block it.
+//   - Multi-name lock (Backend.NewMultiLocker, a [MultiLocker]):
+//     MultiNoDeadlock, 8 clients locking random subsets (2 to 4) of 6 names
+//     in random order never deadlock, never overlap on a name, and tokens of
+//     each name increase; MultiCancel, a cancelled acquisition leaves nothing
+//     held or queued; MultiLoss, a deleted part ends the grant's context
+//     (cause naming it) and Unlock releases the rest; MultiFIFO, waiters
+//     queued on a held name get the multi-name lock in arrival order.
 //
 // The suite is itself tested against a fake store with 53 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name

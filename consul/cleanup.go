@@ -112,34 +112,45 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 // gone, at the live queue entry created last, or deletes it if nobody
 // queues: one read of the subtree, then a cas (a waiter that queued
 // meanwhile has moved the tail key, and the cas fails: it names a live
-// entry then).
+// entry then). The cas checks that the entry it names is still there: a
+// waiter ahead of us that gave up at the same moment read the tail naming
+// us and left it alone, so if its entry went, read again.
 func (m *Mutex) repairTail(ctx context.Context) error {
-	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return txnError("read "+m.name, rb)
-	case err != nil:
+	for range maxLeaveAttempts {
+		resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+		var rb *rollback
+		switch {
+		case errors.As(err, &rb):
+			return txnError("read "+m.name, rb)
+		case err != nil:
+			return err
+		}
+		v := m.parse(resp.Results)
+		if v.tail == nil {
+			return nil
+		}
+		if t, ok := m.tailEntry(v.tail); !ok || t.session != m.s.id {
+			return nil // somebody queued since
+		}
+		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
+		if len(v.queue) > 0 {
+			last := v.queue[len(v.queue)-1]
+			value := fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex)
+			ops = api.TxnOps{
+				{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.tailKey, Index: v.tail.ModifyIndex, Value: value}},
+				checkIndex(last.Key, last.ModifyIndex),
+			}
+		}
+		_, err = m.s.txn(ctx, ops)
+		switch {
+		case errors.As(err, &rb) && rb.denied():
+			return err
+		case rb != nil && rb.failed(0):
+			return nil // somebody queued since
+		case rb != nil:
+			continue // the entry we meant to name went meanwhile: read again
+		}
 		return err
 	}
-	v := m.parse(resp.Results)
-	if v.tail == nil {
-		return nil
-	}
-	if t, ok := m.tailEntry(v.tail); !ok || t.session != m.s.id {
-		return nil // somebody queued since
-	}
-	var op *api.TxnOp
-	if len(v.queue) == 0 {
-		op = deleteCAS(m.tailKey, v.tail.ModifyIndex)
-	} else {
-		last := v.queue[len(v.queue)-1]
-		value := fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex)
-		op = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.tailKey, Index: v.tail.ModifyIndex, Value: value}}
-	}
-	_, err = m.s.txn(ctx, api.TxnOps{op})
-	if errors.As(err, &rb) && !rb.denied() {
-		return nil // somebody queued since
-	}
-	return err
+	return nil
 }

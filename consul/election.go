@@ -45,6 +45,21 @@ type Election struct {
 	cur *Grant // the latest leadership won through this Election
 }
 
+// campaignHold is an Election grant's release: a guarded delete of the lock
+// key, never a handoff (the key's value is the leader's).
+type campaignHold struct {
+	m      *Mutex
+	queued uint64 // the CreateIndex of our last queue entry, if we queued
+}
+
+func (h *campaignHold) release(ctx context.Context, _ *Grant) error {
+	return releasePlain(ctx, h.m, h.queued)
+}
+
+func (h *campaignHold) drop(ctx context.Context, _ *Grant) error {
+	return h.m.s.releaseKey(ctx, h.m.lockKey)
+}
+
 // campaign is an election's acquisition of the lock key (see acquisition):
 // it takes the key with value, creating it anew so that the term survives
 // Proclaim (see Election), never announces itself to the holder (the key's

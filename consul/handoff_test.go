@@ -480,8 +480,8 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if len(r.g.next) == 0 || r.g.next[0].session != s1.ID() {
-		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", r.g.next)
+	if h := r.g.rel.(*lockHold); len(h.next) == 0 || h.next[0].session != s1.ID() {
+		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", h.next)
 	}
 	w1cancel()
 	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {

@@ -182,8 +182,12 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, m: m, next: a.next, index: token, plain: plain,
+	var rel releaser = &lockHold{m: m, next: a.next, index: token,
 		tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
+	if plain {
+		rel = &campaignHold{m: m, queued: a.queueIndex}
+	}
+	g := &Grant{s: m.s, prefix: m.prefix, rel: rel}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

@@ -649,9 +649,8 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 
 // grant wraps an admitted contender key in a Grant.
 func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
-	h := &permitHold{p: p, exclusive: exclusive, free: free}
-	g := &Grant{s: p.s, prefix: p.prefix, permit: h}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.releasePermit, free)
+	g := &Grant{s: p.s, prefix: p.prefix, rel: &permitHold{p: p, exclusive: exclusive, free: free}}
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.release, free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
@@ -659,18 +658,20 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-// releasePermit is a permit's release (see core.NewGrant): after Unlock, a
-// leave from the view the grant last had (then from reads); after a loss,
-// one leave from a read, which does nothing if our session no longer holds
-// the key.
-func (g *Grant) releasePermit(ctx context.Context) error {
-	_, err := g.permit.p.leave(ctx, nil, leaveRelease)
+// release is a permit's release (see releaser): a leave from a read, which
+// hands the permit on, or does nothing if our session no longer holds the
+// key.
+func (h *permitHold) release(ctx context.Context, g *Grant) error {
+	_, err := h.p.leave(ctx, nil, leaveRelease)
 	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		g.s.checkSoon() // an Unlock found the key taken: look at the others
+		h.p.s.checkSoon() // an Unlock found the key taken: look at the others
 	}
-	if err == nil || core.Final(err) {
-		g.s.forget(g)
-	}
+	return err
+}
+
+// drop leaves the holders as the session closes, handing the permit on.
+func (h *permitHold) drop(ctx context.Context, _ *Grant) error {
+	_, err := h.p.leave(ctx, nil, leaveRelease)
 	return err
 }
 

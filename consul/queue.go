@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -804,6 +805,253 @@ func (m *Mutex) compatible(v view) error {
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	if lock != nil && lock.Flags != api.LockFlagValue {
 		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
+	}
+	return nil
+}
+
+// lockHold is a Mutex grant's release state. Used only by the release,
+// which runs once, in one goroutine: whom to hand the lock to (up to two
+// waiters, in queue order), and the lock key's ModifyIndex as we last saw
+// it; the tail key as we last read it (nil if absent; tailKnown: read at
+// all), and whether that read showed no live waiter behind us (alone); the
+// CreateIndex of our last queue entry, if we queued.
+type lockHold struct {
+	m         *Mutex
+	next      []waiter
+	index     uint64
+	tail      *api.KVPair
+	tailKnown bool
+	alone     bool
+	queued    uint64
+}
+
+// errStale means that the lock key or the waiter we meant to hand it to
+// changed since we last read them: read the queue again.
+var errStale = errors.New("the lock key or its next waiter changed")
+
+// announceWait bounds how long a release waits for a waiter that queued
+// behind the holder to announce itself (see Grant.look), before it reads
+// the whole queue instead.
+const announceWait = 250 * time.Millisecond
+
+// release ends a Mutex's grant in Consul; the session runs it in the
+// background (see core.Grant), retried on transport errors while the
+// session lives.
+// After Unlock it hands the lock over (see handOver) or deletes the key.
+// When the grant does not know whom to hand it to, or that nobody waits,
+// or the key changed since (a waiter announced itself), it first reads the
+// lock key and the tail key (see look), and the whole queue only if that
+// does not tell. After a loss it deletes the key if our session still holds
+// it (see Session.releaseKey).
+func (g *lockHold) release(ctx context.Context, gr *Grant) error {
+	if !errors.Is(context.Cause(gr.Context()), holdfast.ErrReleased) {
+		return releasePlain(ctx, g.m, g.queued) // a lost grant
+	}
+	err := errStale
+	if len(g.next) > 0 || g.tailKnown && g.alone {
+		err = g.handOver(ctx)
+	}
+	for i := 0; i < 4 && errors.Is(err, errStale); i++ {
+		if i < 2 {
+			err = g.look(ctx)
+		} else {
+			err = g.refresh(ctx)
+		}
+		if err == nil {
+			err = g.handOver(ctx)
+		}
+	}
+	if errors.Is(err, holdfast.ErrNotHeld) {
+		g.m.s.checkSoon()
+	}
+	return err // errStale four times over: retried
+}
+
+// drop releases the lock key as the session closes (see releaser).
+func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
+	return g.m.s.releaseKey(ctx, g.m.lockKey)
+}
+
+// handOver, the write behind Unlock, hands the lock to the first waiter we
+// know of, or deletes the key if we know that nobody waits, in one
+// transaction:
+//
+//   - with a waiter w: [check-session of the lock key on our session,
+//     unlock it, lock it for w's session with the value naming the waiter
+//     after w, check-session of w's queue key on w's session, delete-cas of
+//     w's queue key at the index we saw, and if the tail key names w, a
+//     delete-cas of it]: w's acquisition sees the key held by its session
+//     and takes the grant, with the ModifyIndex of this write as its token;
+//   - with none: [check-session, check-index of the lock key at g.index
+//     (our token, unless we have read the key since), check that the tail
+//     key is as we read it (absent, or a delete-cas), delete the lock key]:
+//     a waiter that queued after our read moved the tail key, and one that
+//     queued after we acquired the key has announced itself with a write to
+//     the key (see acquisition.announce), so a check fails then.
+//
+// A failed check-session is an error wrapping holdfast.ErrNotHeld; any
+// other failed check is errStale.
+func (g *lockHold) handOver(ctx context.Context) error {
+	s, m, key := g.m.s, g.m, g.m.lockKey
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(key, s.id))
+	}
+	held := len(ops) // ops before this index check that we hold the key
+	switch {
+	case len(g.next) > 0:
+		w := g.next[0]
+		ops = append(ops,
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
+			lockOp(key, w.session, nextValue(g.next[1:])))
+		if mutant.On("consul/handoff-check-next") {
+			ops = append(ops, kvOp(api.KVDelete, w.key))
+		} else {
+			ops = append(ops, checkSession(w.key, w.session), deleteCAS(w.key, w.index))
+		}
+		if t, ok := m.tailEntry(g.tail); ok && g.tailKnown && t == w {
+			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex)) // w was the last to queue
+		}
+	case !g.tailKnown || !g.alone:
+		return errStale // we do not know that nobody waits
+	default:
+		ops = append(ops, checkIndex(key, g.index))
+		if g.tail == nil {
+			ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
+		} else {
+			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex))
+		}
+		ops = append(ops, kvOp(api.KVDelete, key))
+	}
+	_, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("unlock "+key, rb)
+	case rb != nil && (rb.failedBefore(held) || len(g.next) > 0 && rb.failed(held)):
+		// Our check-session, or the unlock (which checks our session too).
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, s.id)
+	case rb != nil:
+		g.tailKnown = false
+		return errStale
+	default:
+		return err
+	}
+}
+
+// look reads the lock key and the tail key, in one read-only transaction:
+// whom to hand the lock to now (the waiter that announced itself in the
+// lock key's value), and whether anybody queued behind us (the tail key
+// names an entry other than ours). When somebody did but has not announced
+// itself yet, it waits (a blocking query on the lock key) up to announceWait
+// for that, and then reads the whole queue (see refresh). It returns an
+// error wrapping holdfast.ErrNotHeld if our session no longer holds the
+// key.
+func (g *lockHold) look(ctx context.Context) error {
+	m := g.m
+	for waited := false; ; waited = true {
+		resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey)})
+		var rb *rollback
+		switch {
+		case errors.As(err, &rb):
+			return txnError("read "+m.lockKey, rb)
+		case err != nil:
+			return err
+		}
+		var lock, tail *api.KVPair
+		for _, r := range resp.Results {
+			switch e := r.KV; {
+			case e == nil || e.ModifyIndex == 0:
+			case e.Key == m.lockKey:
+				lock = e
+			case e.Key == m.tailKey:
+				tail = e
+			}
+		}
+		if lock == nil || lock.Session != m.s.id {
+			return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+		}
+		g.index, g.tail, g.tailKnown, g.next = lock.ModifyIndex, tail, true, nil
+		if w, ok := m.announced(lock); ok && w.session != m.s.id {
+			g.next = []waiter{w}
+			return nil
+		}
+		t, ok := m.tailEntry(tail)
+		if g.alone = !ok || t.session == m.s.id && t.index == g.queued; g.alone {
+			return nil
+		}
+		// Somebody queued behind us: it announces itself once it sees that
+		// we hold the lock, unless it knows that we know of it: we took the
+		// free key after it queued (reading the queue), or the value names
+		// it. Then, or if it does not announce itself, read the queue.
+		if w, ok := m.named(lock); waited || string(lock.Value) == valueTaken && t.index < g.index || ok && w == t {
+			return g.refresh(ctx)
+		}
+		now, err := m.s.watchKey(ctx, m.lockKey, lock.ModifyIndex, announceWait)
+		if err != nil {
+			return err
+		}
+		if now == nil {
+			return g.refresh(ctx) // no announcement, or the key is gone
+		}
+	}
+}
+
+// refresh reads the lock key and the queue: whom to hand the lock to now,
+// and the key's current index. It deletes dead entries it finds (at most 64
+// at a time). It returns an error wrapping holdfast.ErrNotHeld if our
+// session no longer holds the key.
+func (g *lockHold) refresh(ctx context.Context) error {
+	m := g.m
+	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	v := m.parse(resp.Results)
+	if v.lock == nil || v.lock.Session != m.s.id {
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+	}
+	m.s.dropDead(ctx, v.dead)
+	g.index = v.lock.ModifyIndex
+	g.next = m.successors(v.queue)
+	g.tail, g.tailKnown, g.alone = v.tail, true, len(g.next) == 0
+	return nil
+}
+
+// releasePlain releases m's lock key without handing it over (an
+// election's grant, a lost grant): [check-session, delete] of the lock key
+// (see Session.releaseKey), which reads the tail key too; if the tail key
+// names our own last queue entry (CreateIndex queued: nobody queued after
+// us), it is deleted, if unchanged.
+func releasePlain(ctx context.Context, m *Mutex, queued uint64) error {
+	s := m.s
+	var ops api.TxnOps
+	if !mutant.On("consul/release-check-session") {
+		ops = append(ops, checkSession(m.lockKey, s.id))
+	}
+	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey))
+	resp, err := s.txn(ctx, ops)
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("release "+m.lockKey, rb)
+	case rb != nil:
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, s.id)
+	case err != nil:
+		return err
+	}
+	for _, r := range resp.Results {
+		if e := r.KV; e != nil && e.Key == m.tailKey {
+			if t, ok := m.tailEntry(e); ok && t.session == s.id && t.index == queued {
+				_, _ = s.txn(ctx, api.TxnOps{deleteCAS(m.tailKey, e.ModifyIndex)})
+			}
+		}
 	}
 	return nil
 }

@@ -108,10 +108,14 @@ func (m *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
 // the lock in the background, as after a failed Lock. If w is not a write
 // grant of this RWMutex, the error wraps holdfast.ErrInvalidArgument.
 func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
+	var h *permitHold
+	if w != nil {
+		h, _ = w.rel.(*permitHold)
+	}
 	switch {
 	case ctx == nil:
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	case w == nil || w.permit == nil || w.permit.p != m.p || !w.permit.exclusive:
+	case h == nil || h.p != m.p || !h.exclusive:
 		return nil, fmt.Errorf("%w: not a write grant of %s", holdfast.ErrInvalidArgument, m.p.name)
 	}
 	p, s := m.p, m.p.s
@@ -121,7 +125,7 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 		return nil, w.base.NotHeld()
 	}
 	s.forget(w)
-	free := w.permit.free
+	free := h.free
 	ctx, cancel := s.bind(ctx)
 	defer cancel()
 	ctx, stop := context.WithTimeout(ctx, requestTimeout)
@@ -130,8 +134,8 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 		s.cleanUp(p.leftover(), free)
 		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", p.name, err)
 	}
-	g := &Grant{s: s, prefix: p.prefix, permit: &permitHold{p: p, free: free}}
-	g.base = core.NewGrant(s.keeper, s.bg, p.myKey, w.Token(), g.releasePermit, free)
+	g := &Grant{s: s, prefix: p.prefix, rel: &permitHold{p: p, free: free}}
+	g.base = core.NewGrant(s.keeper, s.bg, p.myKey, w.Token(), g.release, free)
 	s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, s.alive() // the session ended meanwhile; Close releases the key

@@ -589,11 +589,7 @@ func (s *Session) close() error {
 	s.mu.Unlock()
 	var errs []error
 	for _, g := range held {
-		release := func() error { return s.releaseKey(ctx, g.Key()) }
-		if g.permit != nil { // also leave the semaphore's holders, handing the permit on
-			release = func() error { _, err := g.permit.p.leave(ctx, nil, leaveRelease); return err }
-		}
-		if err := release(); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+		if err := g.rel.drop(ctx, g); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			errs = append(errs, err)
 		}
 	}

@@ -70,6 +70,7 @@ func TestConnectBounded(t *testing.T) {
 	}{
 		{"etcd/silent/try", []string{"--endpoints", silent, "--try"}, tryBound, silent, "did not answer within"},
 		{"etcd/silent/timeout", []string{"--endpoints", silent, "--timeout", "1s"}, time.Second, silent, "did not answer within"},
+		{"etcd/silent/try-timeout", []string{"--endpoints", silent, "--try", "--timeout", "500ms"}, 500 * time.Millisecond, silent, "did not answer within 500ms"},
 		{"etcd/refused/try", []string{"--endpoints", refused, "--try"}, tryBound, refused, "refused"},
 		{"etcd/refused/timeout", []string{"--endpoints", refused, "--timeout", "1s"}, time.Second, refused, "refused"},
 		{"consul/silent/try", []string{"--backend", "consul", "--addr", silent, "--try"}, tryBound, silent, "did not answer within"},

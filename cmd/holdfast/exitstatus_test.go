@@ -150,6 +150,11 @@ func TestExitStatusRows(t *testing.T) {
 	if code := p.wait(t, 20*time.Second); code != exitLost {
 		t.Errorf("row 122: exit %d; stderr: %s", code, p.stderr.String())
 	}
+	// The loss said once per layer, the cause without the sentinels' prefixes.
+	want := regexp.MustCompile(`(?m)^holdfast lock: rows2: lost the lock while the command ran: rows2/[0-9a-f]+ was deleted \(lease revoked or key removed\)$`)
+	if msg := p.stderr.String(); !want.MatchString(msg) || strings.Count(msg, "holdfast:") != 1 {
+		t.Errorf("row 122: stderr %q, want one line matching %s and one holdfast: line (the notice)", msg, want)
+	}
 }
 
 // TestErrorMessages: one prefix per layer and the name once; a semaphore

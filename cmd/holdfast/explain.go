@@ -78,3 +78,15 @@ func explain(err error, name, where string) error {
 		return exitError{exitFailed, explainf(err, "%s: %s: %v", name, where, err)}
 	}
 }
+
+// lossReason says why a grant was lost, without the sentinels' prefixes:
+// "jobs/x/13b0... was deleted (lease revoked or key removed)", "session
+// lost: ...".
+func lossReason(cause error) string {
+	if errors.Is(cause, holdfast.ErrLost) {
+		if d := detail(cause, holdfast.ErrLost, ""); d != "" {
+			return d
+		}
+	}
+	return cause.Error()
+}

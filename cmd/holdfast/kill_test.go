@@ -89,3 +89,69 @@ func TestKill9StopsCommand(t *testing.T) {
 		}
 	}
 }
+
+// childrenOf lists the pids whose parent is pid.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, child)
+		}
+	}
+	return kids
+}
+
+// TestKill9ParentDeathSignal: with the guard process killed first (so only
+// the kernel's parent-death signal is left), kill -9 of holdfast still
+// ends CMD itself at once, as the README says; what CMD started is the
+// guard's to stop, and runs on here.
+func TestKill9ParentDeathSignal(t *testing.T) {
+	e := embedtest.Etcd(t)
+	dir := t.TempDir()
+	t.Setenv("DIR", dir)
+	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "pdeath", "--", "sh", "-c", `echo $$ > "$DIR/cmd"; while :; do sleep 0.02; done`)
+	var cmdPid int
+	eventually(t, 30*time.Second, "the command did not start", func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "cmd"))
+		cmdPid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && cmdPid > 0
+	})
+	t.Cleanup(func() { _ = syscall.Kill(cmdPid, syscall.SIGKILL) })
+	var guard int
+	eventually(t, 5*time.Second, "no guard process beside the command", func() bool {
+		for _, k := range childrenOf(t, p.cmd.Process.Pid) {
+			if k != cmdPid {
+				guard = k
+			}
+		}
+		return guard != 0
+	})
+	if err := syscall.Kill(guard, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "the guard did not die", func() bool { return !running(guard) })
+	if !running(cmdPid) {
+		t.Fatal("killing the guard stopped the command")
+	}
+	killed := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "CMD runs on after holdfast was killed (no parent-death signal)", func() bool { return !running(cmdPid) })
+	t.Logf("guard killed, then holdfast: CMD gone in %v", time.Since(killed).Round(time.Millisecond))
+}

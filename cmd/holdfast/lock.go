@@ -54,6 +54,14 @@ runs (its session expired or was revoked, its key deleted), CMD is sent
 SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122: the lock
 is noticed lost before another client can be granted it.
 
+With --and NAME2 (repeatable) it locks NAME, NAME2... as one grant: each an
+ordinary lock of its name, taken in sorted order whatever the order given,
+so two such commands never deadlock; the loss of any of them stops CMD.
+HOLDFAST_KEY and HOLDFAST_TOKEN are then NAME's, and CMD also gets
+HOLDFAST_NAMES, HOLDFAST_KEYS and HOLDFAST_TOKENS (comma-separated, in
+sorted order of the names); a write to what one name protects is fenced by
+that name's token. The native tools' variables are not set.
+
 The key layout is the native one, so holdfast, "etcdctl lock NAME" and
 "consul lock NAME" (and concurrency.Mutex, api.Lock on NAME/.lock) exclude
 each other on the same name.
@@ -110,6 +118,8 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
+	var also nameList
+	fs.Var(&also, "and", "also lock `NAME2` (repeatable): all the names as one grant, taken in sorted order (no deadlock); HOLDFAST_NAMES, HOLDFAST_KEYS, HOLDFAST_TOKENS list them")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
@@ -126,12 +136,20 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err := holdfast.ValidateName(name); err != nil {
 			return explain(err, name, "")
 		}
+		if len(also) > 0 && *permits > 1 {
+			return usagef("--and and -n exclude each other")
+		}
+		for _, n := range also {
+			if err := holdfast.ValidateName(n); err != nil {
+				return explain(err, n, "")
+			}
+		}
 		stop, err := vis.start(e, sf)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: true, bound: *timeout, try: *try, verbose: *vis.verbose}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: len(also) == 0, bound: *timeout, try: *try, verbose: *vis.verbose}
 		if *permits > 1 {
 			r.what = "its permit"
 		}
@@ -139,6 +157,9 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			r.bound = tryBound
 		}
 		return r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
+			if len(also) > 0 {
+				return multiLock(ctx, s, name, also, *try)
+			}
 			var l holdfast.Locker
 			var err error
 			if *permits > 1 {
@@ -335,6 +356,9 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	if r.native {
 		cmd.Env = append(cmd.Env, s.nativeEnv(g)...)
 	}
+	if ge, ok := g.(interface{ Env() []string }); ok { // a multi-name grant lists every name
+		cmd.Env = append(cmd.Env, ge.Env()...)
+	}
 	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
 	guard, warning, err := startGuarded(cmd)
@@ -370,7 +394,7 @@ wait:
 		case <-lost:
 			lost = nil
 			lostCause = context.Cause(g.Context())
-			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s (%v); stopping the command\n", name, r.what, lostCause)
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", name, r.what, lossReason(lostCause))
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			t := time.NewTimer(r.grace)
 			defer t.Stop()
@@ -386,7 +410,7 @@ wait:
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
 		guard.standDown()
-		return exitError{exitLost, fmt.Errorf("%s: lost %s while the command ran: %w", name, r.what, lostCause)}
+		return exitError{exitLost, explainf(lostCause, "%s: lost %s while the command ran: %s", name, r.what, lossReason(lostCause))}
 	}
 	guard.standDown()
 	r.release(g, name)

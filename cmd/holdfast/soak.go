@@ -35,6 +35,9 @@ Consul), so that faults find holders.
 
 --primitive all runs the mutex, the semaphore and the election in turn,
 each for --duration, on a fresh cluster each, and prints each summary.
+--primitive multi has the clients take a two-name lock (NAME and a second
+name, passed in a random order each time) as one grant; the checkers watch
+NAME.
 
 The checkers: the fence never accepted a lower token after a higher one;
 the history of grants and fenced writes is linearizable against a fenced
@@ -51,7 +54,7 @@ docs/SAFETY.md.`,
 
 func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, or all (in turn)")
+	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), or all (mutex, semaphore, election in turn)")
 	duration := fs.Duration("duration", time.Minute, "how long the scenario runs (each, with --primitive all)")
 	clients := fs.Int("clients", 4, "how many clients contend")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
@@ -124,10 +127,10 @@ func soakPrimitives(s string) ([]safety.Primitive, error) {
 	if s == "all" {
 		return safety.Primitives, nil
 	}
-	for _, p := range safety.Primitives {
+	for _, p := range append(safety.Primitives, safety.Multi) {
 		if string(p) == s {
 			return []safety.Primitive{p}, nil
 		}
 	}
-	return nil, usagef("--primitive %q: want mutex, semaphore, election or all", s)
+	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi or all", s)
 }

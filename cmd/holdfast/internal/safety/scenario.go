@@ -322,6 +322,8 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 				if m, err = etcd.NewSemaphore(s, name, SemaphoreLimit); err == nil {
 					l = holdfast.AsLocker(m)
 				}
+			case Multi:
+				l = etcdMulti(s, name)
 			case Elect:
 				var e *etcd.Election
 				if e, err = etcd.NewElection(s, name); err == nil {
@@ -607,6 +609,8 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 				if m, err = consul.NewSemaphore(s, name, SemaphoreLimit); err == nil {
 					l = holdfast.AsLocker(m)
 				}
+			case Multi:
+				l = consulMulti(s, name)
 			case Elect:
 				var e *consul.Election
 				if e, err = consul.NewElection(s, name); err == nil {

@@ -244,7 +244,7 @@ var allSubtests = []string{
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
-	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
 	"MultiNoDeadlock", "MultiCancel", "MultiLoss", "MultiFIFO",
 }

@@ -23,6 +23,7 @@ consul:
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	./scripts/tidy.sh -diff
 	$(GO) vet $(PKGS)
 	@set -e; for m in $(MODULES); do echo "staticcheck: $$m"; (cd $$m && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...); done
 

@@ -146,6 +146,12 @@ const (
 	// ended, or once its session ended, even with the store frozen: "within
 	// milliseconds", with room for a loaded 2-core machine.
 	promptly = 250 * time.Millisecond
+	// admitWithin bounds how long PromptAdmission lets a contender that
+	// fits wait for its grant: a few requests, with room for a loaded
+	// 2-core machine and a 3-member cluster under -race (264 ms was seen
+	// there), and well under what a late admission waits for (a holder's
+	// release, or Consul's 5 s re-read).
+	admitWithin = time.Second
 	// poll is the interval between two reads of Keys while waiting.
 	poll = 20 * time.Millisecond
 )
@@ -218,6 +224,7 @@ var subtests = []subtest{
 	{"MultiNoDeadlock", testMultiNoDeadlock, needsMulti},
 	{"MultiCancel", testMultiCancel, needsMulti},
 	{"MultiLoss", testMultiLoss, needsMulti},
+	{"MultiFIFO", testMultiFIFO, needsMulti},
 }
 
 // Run runs every test of the suite as a subtest of t. Each subtest uses a

@@ -56,7 +56,7 @@ var brokenFakes = []struct {
 	bug      string
 	mustFail []string
 }{
-	{bugLIFO, []string{"FIFO"}},
+	{bugLIFO, []string{"FIFO", "MultiFIFO"}},
 	{bugNoExclusion, []string{"MutualExclusion"}},
 	{bugSessionToken, []string{"MutualExclusion", "LossNotice", "RWTokens", "ElectionOneLeader"}},
 	{bugZeroToken, []string{"MonotonicTokens"}},
@@ -244,7 +244,7 @@ var allSubtests = []string{
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
-	"ElectionOneLeader", "ElectionObserve", "ElectionLeader", "ElectionResign", "ElectionFailover",
+	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
-	"MultiNoDeadlock", "MultiCancel", "MultiLoss",
+	"MultiNoDeadlock", "MultiCancel", "MultiLoss", "MultiFIFO",
 }

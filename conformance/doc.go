@@ -106,7 +106,8 @@
 //     in random order never deadlock, never overlap on a name, and tokens of
 //     each name increase; MultiCancel, a cancelled acquisition leaves nothing
 //     held or queued; MultiLoss, a deleted part ends the grant's context
-//     (cause naming it) and Unlock releases the rest.
+//     (cause naming it) and Unlock releases the rest; MultiFIFO, waiters
+//     queued on a held name get the multi-name lock in arrival order.
 //
 // The suite is itself tested against a fake store with 53 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name

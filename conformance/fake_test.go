@@ -71,7 +71,7 @@ const (
 	bugObserveOutOfOrder   = "observe-out-of-order"    // Observe delivers pending changes newest first
 	bugObserveSkips        = "observe-skips"           // Observe skips to the latest state (but the backend says ObserveAll)
 	bugObserveNoNone       = "observe-no-none"         // Observe never delivers "no leader"
-	bugObserveGhost        = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 50 ms late)
+	bugObserveGhost        = "observe-ghost"           // Observe reports whichever key is first, even a candidate that gave up (its key is removed 500 ms late)
 )
 
 // fakeKind is the primitive a key belongs to.
@@ -767,7 +767,7 @@ func (l *fakeLocker) cleanup(e *fakeEntry) {
 	l.sess.background(func() {
 		defer func() { <-l.slot }()
 		if l.st.bug == bugObserveGhost {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond)
 		}
 		if l.sess.waitNet(context.Background(), false) == nil {
 			l.st.delete(l.key, e)

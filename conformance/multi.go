@@ -251,3 +251,74 @@ func testMultiLoss(s *suite) {
 		s.t.Errorf("keys left after Unlock of a multi-grant with a lost part: %q", ks)
 	}
 }
+
+// testMultiFIFO: A holds n0; W1, W2, W3 each lock {n1, n0} (passed in that
+// order) one after the other, each queued behind the previous one on n0
+// (its key appears before the next starts). When A releases, they get the
+// multi-name lock in arrival order: FIFO per name is kept.
+func testMultiFIFO(s *suite) {
+	const n = 3
+	names := s.multiNames(2)
+	newA, _ := s.multiClient()
+	ctx, cancel := s.ctx(s.op)
+	defer cancel()
+	a, err := newA(names[0]).Lock(ctx)
+	if err != nil {
+		s.t.Fatalf("A: Lock %s: %v", names[0], err)
+	}
+	prev := len(s.keys())
+	var (
+		mu    sync.Mutex
+		order []int
+		errs  errList
+		wg    sync.WaitGroup
+	)
+	granted := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order)
+	}
+	for i := 1; i <= n; i++ {
+		newW, _ := s.multiClient()
+		l := newW(names[1], names[0])
+		wg.Go(func() {
+			g, err := l.Lock(ctx)
+			if err != nil {
+				errs.add("W%d: Lock: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			uctx, ucancel := context.WithTimeout(ctx, s.op)
+			defer ucancel()
+			if err := g.Unlock(uctx); err != nil {
+				errs.add("W%d: Unlock: %v", i, err)
+			}
+		})
+		ks, ok := s.waitKeys(keyWait, func(ks []string) bool { return len(ks) > prev || granted() > 0 })
+		if granted() > 0 {
+			errs.report(s.t)
+			s.t.Fatalf("a waiter got the lock while A held %s", names[0])
+		}
+		if !ok {
+			errs.report(s.t)
+			s.t.Fatalf("W%d's queue key did not appear within %v: keys %q", i, keyWait, ks)
+		}
+		prev = len(ks)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		s.t.Fatalf("A: Unlock: %v", err)
+	}
+	finished := waitGroup(&wg, s.op+slack)
+	errs.report(s.t)
+	if !finished {
+		s.t.Fatalf("waiters did not all get the lock within %v after A's release", s.op+slack)
+	}
+	if want := []int{1, 2, 3}; !slices.Equal(order, want) {
+		s.t.Errorf("grant order %v, want %v (first come, first served on %s)", order, want, names[0])
+	}
+	if ks, ok := s.waitKeys(settle, idle); !ok {
+		s.t.Errorf("keys left after every waiter unlocked: %q", ks)
+	}
+}

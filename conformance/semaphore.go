@@ -320,7 +320,7 @@ func testSemaphoreLimitMismatch(s *suite) {
 const promptRounds = 8
 
 // testSemaphorePromptAdmission: contenders that fit under the limit and
-// join together are all granted promptly, none waiting for a release that
+// join together are all granted at once, none waiting for a release that
 // they do not need: 3 clients at once on a free semaphore with a limit of
 // 3, and 2 at once beside a holder, each 8 times.
 func testSemaphorePromptAdmission(s *suite) {
@@ -331,7 +331,7 @@ func testSemaphorePromptAdmission(s *suite) {
 // promptAdmission is PromptAdmission on lockers that all fit at once: in
 // each round, the contenders (all of ls; all but one when holder is in
 // first) call Lock at the same moment, and each must be granted within
-// promptly of its call.
+// admitWithin of its call.
 func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, what string) {
 	s.t.Helper()
 	for round := range 2 * promptRounds {
@@ -342,7 +342,7 @@ func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, wh
 			gh = s.tryLock(holder, fmt.Sprintf("round %d: H", round))
 			contenders = ls[1:]
 		}
-		ctx, cancel := s.ctx(promptly + slack)
+		ctx, cancel := s.ctx(admitWithin + slack)
 		gate := make(chan struct{})
 		chs := make([]<-chan result, len(contenders))
 		for i, l := range contenders {
@@ -357,11 +357,11 @@ func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, wh
 		var late []string
 		var gs []holdfast.Grant
 		for i, ch := range chs {
-			r := s.await(ch, promptly+2*slack, fmt.Sprintf("round %d: C%d: Lock", round, i))
+			r := s.await(ch, admitWithin+2*slack, fmt.Sprintf("round %d: C%d: Lock", round, i))
 			switch {
 			case r.err != nil:
 				late = append(late, fmt.Sprintf("C%d failed after %v: %v", i, r.took.Round(time.Millisecond), r.err))
-			case r.took > promptly:
+			case r.took > admitWithin:
 				late = append(late, fmt.Sprintf("C%d granted after %v", i, r.took.Round(time.Millisecond)))
 				gs = append(gs, r.g)
 			default:
@@ -371,7 +371,7 @@ func (s *suite) promptAdmission(holder holdfast.Locker, ls []holdfast.Locker, wh
 		cancel()
 		if len(late) > 0 {
 			s.t.Errorf("round %d (holder in first: %v): %d contenders that fit joined together, want each granted a %s within %v: %s",
-				round, withHolder, len(contenders), what, promptly, strings.Join(late, "; "))
+				round, withHolder, len(contenders), what, admitWithin, strings.Join(late, "; "))
 		}
 		for i, g := range gs {
 			s.unlock(g, fmt.Sprintf("round %d: C%d", round, i))

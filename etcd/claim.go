@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // minClaimTTL is the shortest lease etcd grants (its minimum TTL with the
@@ -172,7 +174,8 @@ type Claim struct {
 	rev    int64
 	period time.Time
 	value  string
-	made   time.Time // when the answer of the creating request arrived
+	made   time.Time          // when the answer of the creating request arrived
+	kept   []clientv3.LeaseID // the leases release attempts granted to keep the key (release runs one attempt at a time)
 }
 
 var _ holdfast.Grant = (*Claim)(nil)
@@ -226,7 +229,11 @@ func (c *Claim) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 	if !c.base.Held() {
 		return nil, c.base.NotHeld()
 	}
-	resp, err := c.o.s.client.Txn(ctx).If(c.Guard()).Then(ops...).Commit()
+	txn := c.o.s.client.Txn(ctx)
+	if !mutant.On("etcd/claim-guard") {
+		txn = txn.If(c.Guard())
+	}
+	resp, err := txn.Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: guarded txn on %s: %w", c.Key(), storeErr(err))
 	}
@@ -252,6 +259,7 @@ func (c *Claim) release(ctx context.Context) error {
 			return storeErr(err)
 		}
 		keep = lresp.ID
+		c.kept = append(c.kept, keep)
 		then = clientv3.OpPut(c.o.key, c.value, clientv3.WithLease(keep))
 	}
 	resp, err := cli.Txn(ctx).If(c.Guard()).Then(then).Else(clientv3.OpGet(c.o.key)).Commit()
@@ -266,10 +274,12 @@ func (c *Claim) release(ctx context.Context) error {
 			c.o.revoke(keep)
 		}
 		kv := first(resp.Responses[0])
-		if kv == nil || kv.CreateRevision != c.rev || kv.Lease == int64(c.lease) {
+		if kv == nil || kv.CreateRevision != c.rev || !slices.Contains(c.kept, clientv3.LeaseID(kv.Lease)) {
 			return fmt.Errorf("%w: %s no longer carries the claim's lease %x", holdfast.ErrNotHeld, c.Key(), int64(c.lease))
 		}
-		// Our key, moved to another lease: an earlier attempt applied.
+		// Our key, moved to a lease of an earlier attempt: that attempt
+		// applied, and its lease keeps the key.
+		keep = clientv3.LeaseID(kv.Lease)
 	}
 	_, err = cli.Revoke(ctx, c.lease)
 	if err != nil && !errors.Is(storeErr(err), holdfast.ErrSessionLost) {

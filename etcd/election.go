@@ -84,9 +84,9 @@ func (e *Election) Name() string { return e.name }
 // the same lease, say), it keeps its place in the queue and its value is
 // replaced with value, as concurrency.Election does.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
-	m := &Mutex{name: e.name, q: newQueue(e.s, e.name+"/")}
-	m.q.value, m.q.office = string(value), true
-	g, err := m.lock(ctx, false)
+	q := newQueue(e.s, e.name+"/")
+	q.value, q.office = string(value), true
+	g, err := acquire(ctx, q, e.name, false, nil, q.waitTurn)
 	if err != nil {
 		return nil, err
 	}

@@ -45,52 +45,33 @@ type ahead struct {
 	seen int64            // the revision they were read at
 }
 
-// tryAcquire puts our key only if no key exists under the prefix, in one
-// request. It returns the key's create revision, or an error wrapping
+// tryTurn is a TryLock's join (a joinFunc): it puts our key only if no key
+// exists under the prefix, in one request, and fails with an error wrapping
 // holdfast.ErrLocked (holdfast.ErrConflict if a key of a longer name is
-// there). On a transport error the put may have applied: the
-// caller cleans up with rev 0.
-func (q queue) tryAcquire(ctx context.Context) (int64, error) {
+// there) otherwise.
+func (q queue) tryTurn(ctx context.Context) (int64, error) {
 	empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 	all := clientv3.OpGet(q.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...) // with its value: a semaphore's?
 	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(all, head).Commit()
 	if err != nil {
-		return 0, err
+		return unjoined(err), err
 	}
 	if !resp.Succeeded {
 		if err := q.conflict(append(resp.Responses[0].GetResponseRange().GetKvs(), first(resp.Responses[1]))...); err != nil {
-			return 0, err
+			return notJoined, err
 		}
-		return 0, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])
+		return notJoined, fmt.Errorf("%w: %s", holdfast.ErrLocked, q.pfx[:len(q.pfx)-1])
 	}
 	return resp.Header.Revision, nil
 }
 
-// acquire is the whole waiting algorithm. It returns the create revision of
-// our key once we hold, or an error; on error rev is what the caller must
-// clean up (0: our key may or may not exist).
-//
-//  1. Join: one Txn puts our key (if absent) and, before the put, reads the
-//     last-created key under the prefix (our predecessor) and the first one
-//     (the holder). No predecessor: we hold. If our key existed already
-//     (left in this session by an abandoned attempt), reuse it, as
-//     concurrency.Mutex does, and read ahead of it as in step 3. If a key
-//     ahead belongs to a longer name ("<prefix>b/..."), fail with
-//     holdfast.ErrConflict (this check follows every read).
-//  2. Wait until the predecessor is deleted, on a watch that starts at the
-//     server's current revision (see wait), ending early if ctx or the
-//     session ends.
-//  3. Re-check our own key and read ahead: one Txn that succeeds only if our
-//     key still has our create revision (else our lease or key is gone and
-//     we must not take the lock) and reads the new predecessor and holder.
-//     No predecessor: we hold. Else go to 2.
-//  4. Cleanup (by the caller, in the session's background): on any error our
-//     key is deleted if it is still ours.
-//
-// ctx must already end with the session (see Mutex.Lock).
-func (q queue) acquire(ctx context.Context) (rev int64, err error) {
+// waitTurn is the FIFO waiting algorithm of the Mutex and the Election (a
+// joinFunc): it returns once our key is the first under the prefix. Its
+// steps are in docs/DESIGN.md ("etcd FIFO wait"), numbered as below. ctx
+// must already end with the session (see acquire).
+func (q queue) waitTurn(ctx context.Context) (rev int64, err error) {
 	last := clientv3.OpGet(q.pfx, clientv3.WithLastCreate()...)
 	head := clientv3.OpGet(q.pfx, clientv3.WithFirstCreate()...)
 	put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
@@ -100,14 +81,14 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 	}
 	absent := clientv3.Compare(clientv3.CreateRevision(q.key), "=", 0)
 	var resp *clientv3.TxnResponse
-	// A join that timed out may have applied: the next attempt then finds
-	// our key and reuses it (the Else branch), so retrying is safe.
+	// 1. Join. A join that timed out may have applied: the next attempt
+	// then finds our key and reuses it (the Else branch).
 	err = retry(ctx, func() (err error) {
 		resp, err = q.s.client.Txn(ctx).If(absent).Then(last, head, put).Else(clientv3.OpGet(q.key)).Commit()
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return unjoined(err), err
 	}
 	var a ahead
 	if resp.Succeeded {
@@ -143,7 +124,7 @@ func (q queue) acquire(ctx context.Context) (rev int64, err error) {
 		if a.pred == nil {
 			return rev, nil
 		}
-		if a, err = q.wait(ctx, rev, a); err != nil {
+		if a, err = q.wait(ctx, rev, a); err != nil { // 2. and 3.
 			return rev, err
 		}
 	}
@@ -168,7 +149,8 @@ func (q queue) conflict(kvs ...*mvccpb.KeyValue) error {
 	return nil
 }
 
-// wait waits until a.pred is deleted and returns what is ahead after that.
+// wait waits until a.pred is deleted (step 2) and returns what is ahead
+// after that (step 3, read).
 //
 // The watch starts at the server's current revision, so the server serves it
 // at once. (A watch from a past revision, such as a.seen, the revision of
@@ -377,40 +359,10 @@ func first(op *pb.ResponseOp) *mvccpb.KeyValue {
 	return r.Kvs[0]
 }
 
-// Counting waiters: the semaphore and the read-write lock.
-//
-// A counting waiter holds when fewer than limit keys that block it were
-// created before its own (a semaphore's permit: any key; a writer: any key,
-// limit 1; a reader: writers, limit 1). Its waiting is driven by one watch
-// of the whole prefix, opened BEFORE the join so that no event after the
-// join can be missed, and started at the server's current revision, so that
-// the server serves it at once (see wait for the 100 ms stall of watches
-// from a past revision):
-//
-//  1. Watch the prefix (deletions with their previous value; the reader
-//     also needs puts) and wait until the server confirms the watch.
-//  2. Join: one Txn puts our key (if absent) and, before the put, counts
-//     the keys that block us (all of them are ahead of us then). Fewer than
-//     limit: we hold. A join whose outcome is unknown (transport error) is
-//     sent again: if the first one put our key, the second reuses it.
-//  3. Wait: every event after the join that removes a key created before
-//     ours (its previous value's create revision is below ours) lowers the
-//     count (the counter says which events count); when it drops below
-//     limit, we hold. The watch also covers our own key, and its events come
-//     in revision order: if our key was deleted (lease revoked, key
-//     removed), we see that before any event that would let us hold, and
-//     fail with holdfast.ErrLost. That is the own-key re-check, at the
-//     revision of the event that lets us in, and it costs no request.
-//  4. If the watch breaks (our member lost its leader, say) or an event
-//     cannot be classified, open a new watch (step 1) and recount in one Txn
-//     that also checks that our key still has its create revision.
-//  5. Cleanup as for the mutex (queue.cleanup), by the caller.
-//
-// So an acquisition costs two requests (the join, and the release) however
-// many contenders there are; waiting costs none, but every waiter is sent
-// every deletion under the prefix (watch notifications on its stream, not
-// requests), so the server's work per release grows with the number of
-// waiters.
+// Counting waiters: the semaphore and the read-write lock. A counting
+// waiter holds when fewer than limit keys that block it were created before
+// its own; waitCount's steps are in docs/DESIGN.md ("etcd semaphore and
+// read-write lock"), numbered as in the code.
 
 // counter says what blocks one counting acquisition.
 type counter interface {
@@ -436,47 +388,30 @@ type counter interface {
 	mismatch(kv *mvccpb.KeyValue) error
 }
 
-// notJoined is the revision returned by a failed counting acquisition that
-// wrote nothing: the caller has nothing to clean up.
-const notJoined = -1
-
 // conflictScan bounds how many keys a refused join reads to name the one
 // whose value differs from ours.
 const conflictScan = 256
 
-// acquireCounted is the counting waiters' algorithm (see above). It returns
-// the create revision of our key once we hold, or an error and what the
-// caller must clean up (rev 0: our key may or may not exist; notJoined:
-// nothing was written).
-func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err error) {
-	wch, stop, err := q.watchNow(ctx, c)
+// waitCount is the counting waiters' algorithm (a joinFunc): it returns
+// once fewer than c.limit() keys ahead of ours block us.
+func (q queue) waitCount(ctx context.Context, c counter) (rev int64, err error) {
+	wch, stop, err := q.watchNow(ctx, c) // 1. watch
 	if err != nil {
 		return notJoined, err
 	}
 	defer func() { stop() }()
 	var n int
 	var seen int64
-	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+	// 2. Join. One whose outcome is unknown is sent again: the absent-key
+	// compare makes the second reuse our key if the first put it.
+	err = retry(ctx, func() (err error) {
 		rev, n, seen, err = q.joinCounted(ctx, c)
-		if err == nil {
-			break
-		}
-		if rev != 0 || ctx.Err() != nil || core.Final(storeErr(err)) {
-			return rev, err
-		}
-		// A transport error (or the server's "request timed out"): the join
-		// may have applied. Join again: the absent-key compare makes the
-		// second join reuse our key if the first one put it, and a first
-		// join that lands late writes nothing.
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, err
-		}
+		return err
+	})
+	if err != nil {
+		return rev, err
 	}
-	for {
+	for { // 3. count the events
 		if n < c.limit() {
 			return rev, nil
 		}
@@ -502,6 +437,7 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 		if !recount {
 			continue
 		}
+		// 4. The watch broke, or an event could not be classified.
 		if err := ctx.Err(); err != nil {
 			return rev, err
 		}
@@ -526,33 +462,28 @@ func (q queue) acquireCounted(ctx context.Context, c counter) (rev int64, err er
 // server's current revision and waits until the server has created it, so
 // that it covers every revision after this call returns. Failures are
 // retried until ctx ends.
-func (q queue) watchNow(ctx context.Context, c counter) (clientv3.WatchChan, func(), error) {
+func (q queue) watchNow(ctx context.Context, c counter) (wch clientv3.WatchChan, stop func(), err error) {
 	opts := append([]clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}, c.watchOpts()...)
-	pause := 20 * time.Millisecond
-	for {
+	err = retry(ctx, func() error {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := q.s.client.Watch(wctx, q.pfx, opts...)
-		var wr clientv3.WatchResponse
-		var ok bool
+		ch := q.s.client.Watch(wctx, q.pfx, opts...)
 		select {
-		case wr, ok = <-wch:
+		case wr, ok := <-ch:
+			if ok && wr.Created && !wr.Canceled && wr.Err() == nil {
+				wch, stop = ch, cancel
+				return nil
+			}
+			cancel()
+			if ok && wr.Err() != nil {
+				return wr.Err()
+			}
+			return errors.New("watch ended before it was created")
 		case <-ctx.Done():
 			cancel()
-			return nil, nil, ctx.Err()
+			return ctx.Err()
 		}
-		if ok && wr.Created && !wr.Canceled && wr.Err() == nil {
-			return wch, cancel, nil
-		}
-		cancel()
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-			pause = min(2*pause, time.Second)
-		case <-ctx.Done():
-			t.Stop()
-			return nil, nil, ctx.Err()
-		}
-	}
+	})
+	return wch, stop, err
 }
 
 // joinCounted is step 2: one Txn that puts our key if it is absent and
@@ -588,7 +519,7 @@ func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, se
 	}
 	resp, err := txn.Commit()
 	if err != nil {
-		return 0, 0, 0, err
+		return unjoined(err), 0, 0, err
 	}
 	if resp.Succeeded {
 		n, err := c.joinCount(resp.Responses[:len(resp.Responses)-1])

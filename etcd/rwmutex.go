@@ -102,7 +102,7 @@ func (rw *RWMutex) Name() string { return rw.name }
 // ctx ends, or the session ends, as Mutex.Lock.
 func (rw *RWMutex) Lock(ctx context.Context) (*Grant, error) {
 	return rw.lock(ctx, rw.wq, false, func(ctx context.Context) (int64, error) {
-		return rw.wq.acquireCounted(ctx, &writeCounter{rw: rw})
+		return rw.wq.waitCount(ctx, &writeCounter{rw: rw})
 	})
 }
 
@@ -117,7 +117,7 @@ func (rw *RWMutex) TryLock(ctx context.Context) (*Grant, error) {
 // arrived earlier holds or waits. See Mutex.Lock for ctx and cleanup.
 func (rw *RWMutex) RLock(ctx context.Context) (*Grant, error) {
 	return rw.lock(ctx, rw.rq, false, func(ctx context.Context) (int64, error) {
-		return rw.rq.acquireCounted(ctx, &readCounter{rw: rw})
+		return rw.rq.waitCount(ctx, &readCounter{rw: rw})
 	})
 }
 
@@ -129,14 +129,8 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
 	return rw.lock(ctx, rw.rq, true, rw.tryRead)
 }
 
-func (rw *RWMutex) lock(ctx context.Context, q queue, try bool, acquire func(context.Context) (int64, error)) (*Grant, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := q.s.alive(); err != nil {
-		return nil, err
-	}
-	g, err := take(ctx, q, rw.name, try, acquire)
+func (rw *RWMutex) lock(ctx context.Context, q queue, try bool, join joinFunc) (*Grant, error) {
+	g, err := acquire(ctx, q, rw.name, try, nil, join)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +147,7 @@ func (rw *RWMutex) tryWrite(ctx context.Context) (int64, error) {
 	put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
 	resp, err := q.s.client.Txn(ctx).If(empty).Then(put).Else(rw.kindOps()...).Commit()
 	if err != nil {
-		return 0, err
+		return unjoined(err), err
 	}
 	if !resp.Succeeded {
 		if err := rw.foreign(resp.Responses); err != nil {
@@ -188,7 +182,7 @@ func (rw *RWMutex) tryRead(ctx context.Context) (int64, error) {
 		put := clientv3.OpPut(q.key, "", clientv3.WithLease(q.s.lease))
 		tr, err := q.s.client.Txn(ctx).If(unchanged).Then(put).Commit()
 		if err != nil {
-			return 0, err // the put may have applied
+			return unjoined(err), err // the put may have applied
 		}
 		if tr.Succeeded {
 			return tr.Header.Revision, nil

@@ -2,11 +2,9 @@ package etcd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -102,22 +100,9 @@ func (m *Semaphore) Limit() int { return m.limit }
 // key) is removed by the session in the background, retried while the
 // session lives.
 func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := m.q.s.alive(); err != nil {
-		return nil, err
-	}
-	if g, ok := m.reentry.Enter(); ok {
-		return g, nil
-	}
-	g, err := take(ctx, m.q, m.name, false, func(ctx context.Context) (int64, error) {
-		return m.q.acquireCounted(ctx, semCounter{q: m.q, n: m.limit})
+	return acquire(ctx, m.q, m.name, false, &m.reentry, func(ctx context.Context) (int64, error) {
+		return m.q.waitCount(ctx, semCounter{q: m.q, n: m.limit})
 	})
-	if err == nil {
-		m.reentry.Remember(g, g.base)
-	}
-	return g, err
 }
 
 // TryLock takes a permit only if fewer than Limit keys exist under the name
@@ -125,20 +110,7 @@ func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
 // otherwise, having written nothing. It costs two requests: a read, then a
 // put that applies only if no key under the name changed since.
 func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := m.q.s.alive(); err != nil {
-		return nil, err
-	}
-	if g, ok := m.reentry.Enter(); ok {
-		return g, nil
-	}
-	g, err := take(ctx, m.q, m.name, true, m.tryAcquire)
-	if err == nil {
-		m.reentry.Remember(g, g.base)
-	}
-	return g, err
+	return acquire(ctx, m.q, m.name, true, &m.reentry, m.tryAcquire)
 }
 
 // tryAcquire reads the keys under the name, and puts ours only if there are
@@ -169,7 +141,7 @@ func (m *Semaphore) tryAcquire(ctx context.Context) (int64, error) {
 		put := clientv3.OpPut(q.key, q.value, clientv3.WithLease(q.s.lease))
 		tr, err := q.s.client.Txn(ctx).If(unchanged).Then(put).Commit()
 		if err != nil {
-			return 0, err // the put may have applied
+			return unjoined(err), err // the put may have applied
 		}
 		if tr.Succeeded {
 			return tr.Header.Revision, nil
@@ -240,80 +212,4 @@ func (c semCounter) mismatch(kv *mvccpb.KeyValue) error {
 	default:
 		return fmt.Errorf("%w: semaphore %s with limit %d: %s (value %q) belongs to a lock, a read-write lock or a longer name: a semaphore and a lock may not share a name", holdfast.ErrConflict, name, c.n, kv.Key, kv.Value)
 	}
-}
-
-// take runs one acquisition of a semaphore or read-write lock through q's
-// session: it binds ctx to the session, takes the session's slot of name
-// (TryLock: only if free), runs acquire, and turns its answer into a Grant
-// or an error. acquire returns the create revision of the key it holds, or
-// an error and what is left to clean up (see acquireCounted).
-func take(ctx context.Context, q queue, name string, try bool, acquire func(context.Context) (int64, error)) (*Grant, error) {
-	s := q.s
-	start := time.Now()
-	defer s.keeper.Waiting(name)()
-	// Every wait below ends when the session does.
-	ctx, stop := bindContext(ctx, s.keeper.Context())
-	defer stop()
-	var free func()
-	if try {
-		var ok bool
-		if free, ok = s.names.TryAcquire(name); !ok {
-			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, name)
-		}
-	} else {
-		var err error
-		if free, err = s.names.Acquire(ctx, name); err != nil {
-			return nil, failed(ctx, s, name, err)
-		}
-	}
-	s.using.Store(name, q.key)
-	free = func(free func()) func() {
-		return func() {
-			s.using.CompareAndDelete(name, q.key)
-			free()
-		}
-	}(free)
-	rev, err := acquire(ctx)
-	if err == nil {
-		err = s.alive() // never hand out a grant of a session already lost
-	}
-	if err != nil {
-		if rev == notJoined || rev == 0 && errors.Is(storeErr(err), holdfast.ErrPermissionDenied) {
-			free() // refused: nothing was written
-		} else {
-			q.cleanup(max(rev, 0), free)
-		}
-		return nil, failed(ctx, s, name, err)
-	}
-	g := newGrant(q.s, q.pfx, q.key, rev, rev, free, nil)
-	g.base.Observed(name, start)
-	return g, nil
-}
-
-// newGrant returns the grant of key, at create revision rev, with token
-// token, watched by the session from a moment after it is handed out. free
-// (the session's slot of the name) is called once the grant has ended in
-// the store; also runs with the release.
-func newGrant(s *Session, pfx, key string, rev, token int64, free func(), also []clientv3.Op) *Grant {
-	g := &Grant{s: s, pfx: pfx, rev: rev, from: rev + 1, free: free, also: also}
-	g.base = core.NewGrant(s.keeper, s.bg, key, holdfast.Token(token), g.release, func() {
-		s.watcher.remove(g)
-		g.free()
-	})
-	time.AfterFunc(watchDelay, func() { s.watcher.add(g) })
-	return g
-}
-
-// failed is the error of a failed acquisition, as Mutex.fail.
-func failed(ctx context.Context, s *Session, name string, err error) error {
-	if serr := s.alive(); serr != nil {
-		return fmt.Errorf("holdfast/etcd: lock %s: %w", name, serr)
-	}
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("holdfast/etcd: lock %s: %w (%v)", name, ctx.Err(), err)
-	}
-	if errors.Is(storeErr(err), holdfast.ErrSessionLost) {
-		s.keeper.End(fmt.Errorf("%w: lease %x not found", holdfast.ErrSessionLost, int64(s.lease)))
-	}
-	return fmt.Errorf("holdfast/etcd: lock %s: %w", name, storeErr(err))
 }

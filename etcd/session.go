@@ -132,7 +132,7 @@ type Session struct {
 	keeper  *core.Keeper
 	bg      *core.Background
 	names   core.Names
-	using   sync.Map // name -> the key its slot's holder uses (semaphores and read-write locks)
+	using   sync.Map // name -> the key its slot's holder uses (see Session.slot)
 
 	stop      context.CancelFunc
 	renewDone chan struct{}

@@ -49,6 +49,10 @@ core/multi-order|./etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/Mul
 core/multi-order|./consul/|TestMultiMutexFencedCounters
 etcd/multi-txn-guard|./etcd/|TestMultiGuardedTxn
 consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
+cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand
+cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
+etcd/claim-guard|./etcd/|TestClaimGuardedTxn
+consul/claim-check-session|./consul/|TestClaimGuardedTxn
 '
 
 want=("$@")

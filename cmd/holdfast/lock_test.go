@@ -38,7 +38,7 @@ func holdfastBin(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "holdfast")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", buildTags, "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			buildErr = errors.New(string(out))
 		}

@@ -31,7 +31,7 @@ func TestBrokenVariants(t *testing.T) {
 		t.Fatalf("building the variants: %v\n%s", err, out)
 	}
 	// The clock-rate hook the margin's scenario relies on (core.SetClockRate).
-	if out, err := exec.Command("go", "test", "-tags", "holdfast_mutants", "-count=1", "-run", "^TestSetClockRate$", "../core/").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "test", "-tags", "holdfast_mutants", "-count=1", "-run", "^TestSetClockRate$", "github.com/holdfast/holdfast/internal/core").CombinedOutput(); err != nil {
 		t.Fatalf("the clock-rate hook: %v\n%s", err, out)
 	}
 	runs := []struct {

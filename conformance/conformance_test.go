@@ -77,6 +77,7 @@ var brokenFakes = []struct {
 	{bugWaiterIgnoresKill, []string{"ContextWhileWaiting"}},
 	{bugGrantFromDeadSession, []string{"SessionClose"}},
 	{bugCloseCause, []string{"SessionClose"}},
+	{bugCtxBeforeSession, []string{"SessionClose"}},
 	{bugLockIgnoresCtx, []string{"BoundedLock"}},
 	{bugUnlockWaitsForStore, []string{"BoundedUnlock"}},
 	{bugUnlockCancelLeaves, []string{"BoundedUnlock"}},

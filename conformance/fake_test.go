@@ -47,6 +47,7 @@ const (
 	bugWaiterIgnoresKill    = "waiter-ignores-kill"     // a waiter keeps waiting after its session died
 	bugGrantFromDeadSession = "grant-from-dead-session" // a locker whose session is gone still hands out grants
 	bugCloseCause           = "close-cause"             // Close ends grants with ErrSessionLost, not ErrSessionClosed
+	bugCtxBeforeSession     = "ctx-before-session"      // a Lock with a done ctx on an ended session reports the ctx, not the session
 	bugLockIgnoresCtx       = "lock-ignores-ctx"        // a Lock waiting for a frozen store ignores its ctx
 	bugUnlockWaitsForStore  = "unlock-waits-for-store"  // Unlock waits for the store, whatever its ctx
 	bugUnlockCancelLeaves   = "unlock-cancel-leaves"    // Unlock with a done ctx ends the grant but never removes its key
@@ -618,11 +619,14 @@ func (l *fakeLocker) acquire(ctx context.Context, try bool, kind fakeKind, value
 		}
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	if err := ctx.Err(); err != nil && st.bug != bugCancelledFreeLock {
+	if err := ctx.Err(); err != nil && st.bug == bugCtxBeforeSession {
 		return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
 	}
 	if err := s.ctx.Err(); err != nil && st.bug != bugGrantFromDeadSession {
 		return nil, fmt.Errorf("fake: lock %s: %w", l.name, context.Cause(s.ctx))
+	}
+	if err := ctx.Err(); err != nil && st.bug != bugCancelledFreeLock {
+		return nil, fmt.Errorf("fake: lock %s: %w", l.name, err)
 	}
 	if l.reentrant {
 		l.mu.Lock()

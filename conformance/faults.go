@@ -144,7 +144,9 @@ func (s *suite) stays(g holdfast.Grant, who string) {
 
 // testSessionClose: closing a session ends its grants (cause wrapping
 // ErrLost and ErrSessionClosed) and removes its keys; its lockers hand out
-// nothing more, and others take the lock at once.
+// nothing more, and others take the lock at once. The session's end comes
+// before the context's: a Lock with a done context on a closed session says
+// ErrSessionClosed (every store reports the same cause first).
 func testSessionClose(s *suite) {
 	a, fa := s.lockerFaults()
 	b := s.locker()
@@ -165,6 +167,14 @@ func testSessionClose(s *suite) {
 	cancel()
 	if !errors.Is(r.err, holdfast.ErrSessionClosed) {
 		s.t.Errorf("A: Lock on a closed session: grant %s, err %v, want an error matching holdfast.ErrSessionClosed", describe(r.g), r.err)
+	}
+	done, dcancel := context.WithCancel(s.root)
+	dcancel()
+	for _, try := range []bool{false, true} {
+		r = s.await(start(done, a, try), slack, "A: lock with a done context on a closed session")
+		if !errors.Is(r.err, holdfast.ErrSessionClosed) {
+			s.t.Errorf("A: try=%v with a done context on a closed session: grant %s, err %v, want an error matching holdfast.ErrSessionClosed (the session first, then the context)", try, describe(r.g), r.err)
+		}
 	}
 	gb := s.tryLock(b, "B after A's session was closed")
 	s.unlock(gb, "B")

@@ -38,8 +38,8 @@ func TestOnceUsage(t *testing.T) {
 
 // onceTicks: 5 replicas (holdfast processes) fire at every tick, each late
 // by its own offset of up to half of AtLeast; the run logs its period and
-// token. In tick 2 the replica that runs is killed with SIGKILL while its
-// command runs. Every tick has at most one run, and exactly one unless it
+// token. In tick 2 (and every 7th tick after) the replica that runs is
+// killed with SIGKILL while its command runs. Every tick has at most one run, and exactly one unless it
 // starts before the killed claim's AtMost (+ free, the store's expiry
 // granularity) has passed; tokens increase; the others exit --claimed-exit
 // without running. HOLDFAST_ONCE_TICKS overrides the number of ticks.
@@ -58,11 +58,13 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 	}
 	script := `echo "$HOLDFAST_PERIOD $HOLDFAST_TOKEN" >> "$RUNS"; echo ran; sleep "$HOLD"`
 	args := append(append([]string{"once"}, store...), "--every", sched.Every.String(), "--at-least", sched.AtLeast.String(), "--at-most", sched.AtMost.String(), "--claimed-exit", "3", "jobs/report", "--", "sh", "-c", script)
-	var killed time.Time
+	var killed time.Time // the last kill
+	kills := 0
 	var want []string // the periods that ran, in order
 	for k := range ticks {
 		p := first.Add(time.Duration(k) * sched.Every)
-		if k == 2 {
+		kill := k%7 == 2
+		if kill {
 			t.Setenv("HOLD", "300")
 		} else {
 			t.Setenv("HOLD", hold)
@@ -74,9 +76,9 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 			begun = append(begun, time.Now())
 			procs[i] = start(t, args...)
 		}
-		if k == 2 {
+		if kill {
 			var runner *proc
-			eventually(t, 10*time.Second, "no replica ran in tick 2", func() bool {
+			eventually(t, 10*time.Second, "no replica ran in a tick with a kill", func() bool {
 				for _, q := range procs {
 					if strings.Contains(q.stdout.String(), "ran") {
 						runner = q
@@ -89,6 +91,7 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 				t.Fatal(err)
 			}
 			killed = time.Now()
+			kills++
 		}
 		ran, claimed := 0, 0
 		for i, q := range procs {
@@ -98,13 +101,13 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 				claimed++
 			case code == 0 && strings.Contains(q.stdout.String(), "ran"):
 				ran++
-			case k == 2 && code == -1:
+			case kill && code == -1:
 				ran++ // the killed one
 			default:
 				t.Errorf("tick %d, replica %d (started %v late): exit %d\nstdout: %s\nstderr: %s", k, i, begun[i].Sub(p), code, q.stdout.String(), q.stderr.String())
 			}
 		}
-		blocked := k > 2 && p.Before(killed.Add(sched.AtMost+free))
+		blocked := !kill && !killed.IsZero() && p.Before(killed.Add(sched.AtMost+free))
 		if ran > 1 || ran == 0 && !blocked || ran+claimed != replicas {
 			t.Errorf("tick %d: %d runs and %d refusals, want 1 run (or none while the killed claim may hold: %v)", k, ran, claimed, blocked)
 			for i, q := range procs {
@@ -138,7 +141,7 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 		}
 		last = token
 	}
-	t.Logf("%d replicas x %d ticks (offsets %v, SIGKILL in tick 2): %d runs, one in every tick but %d blocked by the killed claim, tokens increasing", replicas, ticks, offsets, len(want), ticks-len(want))
+	t.Logf("%d replicas x %d ticks (offsets %v, %d SIGKILLs of a running replica): %d runs, one in every tick but %d blocked by a killed claim, tokens increasing", replicas, ticks, offsets, kills, len(want), ticks-len(want))
 }
 
 // TestOnceTicks: onceTicks on etcd, every 4 s, at least 1 s, at most 2 s

@@ -79,6 +79,13 @@ func acquire(ctx context.Context, q queue, name string, try bool, reentry *core.
 	return g, nil
 }
 
+// bindContext returns a context that also ends when other ends.
+func bindContext(ctx, other context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(other, func() { cancel(context.Cause(other)) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
 // slot takes the session's slot of name for the acquisition using key
 // (TryLock: only if it is free, else an error wrapping holdfast.ErrLocked),
 // and returns the function that frees it.

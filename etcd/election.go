@@ -27,15 +27,11 @@ import (
 // own key after each wait (a lease that expired while it waited gives no
 // phantom leadership), and its key is removed on every error path.
 //
-// A candidate is the leader once it has taken office: its key is first and
-// carries its value. A waiting holdfast candidate's key has an empty value;
-// the request that finds it first writes the value (one Txn, guarded by the
-// key being first and ours). So a candidate whose Campaign gave up before
-// its turn, and whose key is not yet removed, is never reported as leader,
-// while a concurrency.Election candidate (its value written at once) is the
-// leader as soon as its key is first, when its Campaign returns. Observers
-// through concurrency.Election may see a new holdfast leader's key with an
-// empty value for a moment, then its value.
+// A candidate leads once it has taken office: its key is first and carries
+// its value (a waiting holdfast candidate's key has an empty value until
+// then; see docs/DESIGN.md), so a candidate that gave up before its turn is
+// never reported as leader. concurrency.Election observers may see a new
+// holdfast leader's key with an empty value for a moment.
 //
 // The leader's term is its grant's token: the create revision of its key.
 // Leadership is a *Grant: its context is cancelled when the leader's key is

@@ -237,10 +237,3 @@ func (w *watcher) recheck(ctx context.Context, gen int64, g *Grant) {
 		return nil
 	})
 }
-
-// bindContext returns a context that also ends when other ends.
-func bindContext(ctx, other context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(other, func() { cancel(context.Cause(other)) })
-	return ctx, func() { stop(); cancel(nil) }
-}

@@ -45,6 +45,7 @@ consul/permit-cas|./consul/|TestSemaphoreStaleTryLock
 consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
 consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
+core/multi-order|./internal/core/|TestMultiNames
 core/multi-order|./etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock
 core/multi-order|./consul/|TestMultiMutexFencedCounters
 etcd/multi-txn-guard|./etcd/|TestMultiGuardedTxn

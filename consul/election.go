@@ -24,7 +24,8 @@ import (
 // retries right when the previous holder's lock-delay ends (to the
 // millisecond) after that holder's session was invalidated. Unlike a
 // Mutex, a leader hands nothing over: resigning deletes the key (guarded by
-// our session holding it), and the head of the queue takes it.
+// our session holding it), and the head of the queue takes it. The
+// campaign's steps are in campaign.go.
 //
 // The leader's term is its grant's token: the ModifyIndex of the write that
 // acquired the key. A holdfast candidate acquires by creating the key anew
@@ -43,29 +44,6 @@ type Election struct {
 
 	mu  sync.Mutex
 	cur *Grant // the latest leadership won through this Election
-}
-
-// campaignHold is an Election grant's release: a guarded delete of the lock
-// key, never a handoff (the key's value is the leader's).
-type campaignHold struct {
-	m      *Mutex
-	queued uint64 // the CreateIndex of our last queue entry, if we queued
-}
-
-func (h *campaignHold) release(ctx context.Context, _ *Grant) error {
-	return releasePlain(ctx, h.m, h.queued)
-}
-
-func (h *campaignHold) drop(ctx context.Context, _ *Grant) error {
-	return h.m.s.releaseKey(ctx, h.m.lockKey)
-}
-
-// campaign is an election's acquisition of the lock key (see acquisition):
-// it takes the key with value, creating it anew so that the term survives
-// Proclaim (see Election), never announces itself to the holder (the key's
-// value is the leader's), and its grant is never handed over.
-type campaign struct {
-	value []byte
 }
 
 // NewElection returns the election called name, campaigned through session
@@ -96,7 +74,7 @@ func (e *Election) Name() string { return e.m.name }
 // queue, candidate or not: a candidate that is handed the key writes it
 // anew with value (a new term) before it returns.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
-	g, err := e.m.acquire(ctx, false, &campaign{value: value})
+	g, err := e.m.acquire(ctx, false, campaign(value))
 	if err != nil {
 		return nil, err
 	}
@@ -104,40 +82,6 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	e.cur = g
 	e.mu.Unlock()
 	return g, nil
-}
-
-// retake takes a lock key handed to us by a Mutex holder (whose value is
-// the Mutex's): in one transaction, guarded by our session holding the key,
-// it deletes the key and acquires it anew with our value, and deletes our
-// queue key. The term is that write's index.
-func (a *acquisition) retake(ctx context.Context) (uint64, error) {
-	m := a.m
-	ops := api.TxnOps{
-		checkSession(m.lockKey, m.s.id),
-		kvOp(api.KVDelete, m.lockKey),
-		lockOp(m.lockKey, m.s.id, a.el.value),
-		kvOp(api.KVDelete, m.queueKey),
-	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return 0, txnError("campaign on "+m.lockKey, rb) // the cleanup releases the key
-	case err != nil:
-		return 0, err
-	}
-	var term uint64 // the lock operation's entry: the last one (the check-session's comes first)
-	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.lockKey && r.KV.Session == m.s.id {
-			term = r.KV.ModifyIndex
-		}
-	}
-	if term == 0 {
-		return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
-	}
-	return term, nil
 }
 
 // current returns the latest leadership won through e, or an error wrapping

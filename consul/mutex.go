@@ -112,10 +112,13 @@ func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, f
 // as after Lock).
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
 
-func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) { return m.acquire(ctx, try, nil) }
+func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
+	return m.acquire(ctx, try, lockTaking)
+}
 
-// acquire is Lock and TryLock, and with el an election's Campaign.
-func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, error) {
+// acquire is Lock and TryLock, and with an election's taking its Campaign
+// (see campaign.go).
+func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
@@ -137,7 +140,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 	defer m.s.keeper.Waiting(m.name)()
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
-	a := &acquisition{m: m, el: el}
+	a := &acquisition{m: m, how: how}
 	fail := func(err error) error { return m.fail(ctx, wctx, err) }
 
 	var free func()
@@ -168,10 +171,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 		}
 		return nil, fail(err)
 	}
-	if el != nil {
-		a.next = nil // an election's grant hands nothing over
-	}
-	g, err := m.grant(token, a, free, el != nil)
+	g, err := m.grant(token, a, free)
 	if err == nil {
 		g.base.Observed(m.name, start)
 	}
@@ -181,13 +181,8 @@ func (m *Mutex) acquire(ctx context.Context, try bool, el *campaign) (*Grant, er
 // grant wraps an acquired lock key in a Grant whose context is a child of the
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
-func (m *Mutex) grant(token uint64, a *acquisition, free func(), plain bool) (*Grant, error) {
-	var rel releaser = &lockHold{m: m, next: a.next, index: token,
-		tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
-	if plain {
-		rel = &campaignHold{m: m, queued: a.queueIndex}
-	}
-	g := &Grant{s: m.s, prefix: m.prefix, rel: rel}
+func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
+	g := &Grant{s: m.s, prefix: m.prefix, rel: a.how.hold(m, token, a)}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

@@ -145,8 +145,8 @@ func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
 
 // acquisition is one Lock or TryLock call in progress.
 type acquisition struct {
-	m  *Mutex
-	el *campaign // an election's campaign, else nil (see campaign)
+	m   *Mutex
+	how taking // how the lock key is taken: a Mutex's (lockTaking) or a campaign's (campaign.go)
 
 	// left is set once something of ours may be in Consul: a queue key, or
 	// the lock key (an acquire of unknown outcome, a handoff to us). On
@@ -177,6 +177,43 @@ type acquisition struct {
 	delay     time.Duration
 	known     bool
 	notBefore time.Time
+}
+
+// taking is what differs between the acquisitions that wait in the queue:
+// a Mutex's Lock (lockTaking) and an Election's Campaign (campaign.go). The
+// queue's steps below are the same for both.
+type taking struct {
+	// write returns the operations that take the lock key as seen (nil if
+	// absent): a guard that it is still so, and the acquire with our value.
+	write func(m *Mutex, seen *api.KVPair) api.TxnOps
+	// handed accepts the lock key handed to us by the holder before us
+	// (step 6) and returns the token.
+	handed func(ctx context.Context, a *acquisition, lock *api.KVPair, queue []*api.KVPair) (uint64, error)
+	// quiet says never to announce ourselves in the holder's lock key
+	// (step 4): its value is not ours to rewrite.
+	quiet bool
+	// hold is the grant's releaser: what its Unlock does.
+	hold func(m *Mutex, token uint64, a *acquisition) releaser
+}
+
+// lockTaking is a Mutex's: the lock key is acquired with valueTaken,
+// guarded by its ModifyIndex; a handoff is accepted as it is; the grant
+// hands the lock over on Unlock (lockHold).
+var lockTaking = taking{
+	write: func(m *Mutex, seen *api.KVPair) api.TxnOps {
+		guard := kvOp(api.KVCheckNotExists, m.lockKey)
+		if seen != nil {
+			guard = checkIndex(m.lockKey, seen.ModifyIndex)
+		}
+		return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, []byte(valueTaken))}
+	},
+	handed: func(ctx context.Context, a *acquisition, lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
+		return a.acceptHandoff(ctx, lock, queue)
+	},
+	hold: func(m *Mutex, token uint64, a *acquisition) releaser {
+		return &lockHold{m: m, next: a.next, index: token,
+			tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
+	},
 }
 
 // outcome is what an attempt to acquire the lock key came to.
@@ -283,10 +320,7 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 			return 0, err
 		}
 		if a.handedToUs(lock) {
-			if a.el != nil {
-				return a.retake(ctx) // from a Mutex on the same name
-			}
-			return a.acceptHandoff(ctx, lock, queue)
+			return a.how.handed(ctx, a, lock, queue)
 		}
 		if a.pred != nil && !a.lost {
 			if _, err := a.watch(ctx, a.pred.key, a.pred.index); err != nil {
@@ -398,7 +432,7 @@ func (a *acquisition) mustAnnounce(lock *api.KVPair) bool {
 	val := string(lock.Value)
 	me := func(w waiter, ok bool) bool { return ok && w.session == a.m.s.id && w.index == a.queueIndex }
 	switch {
-	case a.el != nil: // an election's value is the leader's: never written by others
+	case a.how.quiet:
 		return false
 	case val == valueTaken:
 		return a.queueIndex > lock.ModifyIndex
@@ -480,20 +514,7 @@ func (a *acquisition) delayLeft() time.Duration {
 // waiters of the queue are whom Unlock hands the lock to.
 func (a *acquisition) take(ctx context.Context, seen *api.KVPair) (uint64, outcome, error) {
 	m := a.m
-	ops := make(api.TxnOps, 0, 4)
-	value := []byte(valueTaken)
-	switch {
-	case seen == nil:
-		ops = append(ops, kvOp(api.KVCheckNotExists, m.lockKey))
-	case a.el != nil: // the lock key is created anew: see campaign
-		ops = append(ops, deleteCAS(m.lockKey, seen.ModifyIndex))
-	default:
-		ops = append(ops, checkIndex(m.lockKey, seen.ModifyIndex))
-	}
-	if a.el != nil {
-		value = a.el.value
-	}
-	ops = append(ops, lockOp(m.lockKey, m.s.id, value))
+	ops := a.how.write(m, seen)
 	if a.queueIndex != 0 {
 		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
 	}

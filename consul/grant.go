@@ -54,7 +54,7 @@ type Grant struct {
 }
 
 // releaser is what a grant's algorithm does to end it in Consul: a Mutex's
-// (lockHold, queue.go), an Election's (campaignHold, election.go), a
+// (lockHold, queue.go), an Election's (campaignHold, campaign.go), a
 // Semaphore's or RWMutex's (permitHold, permits.go).
 type releaser interface {
 	// release ends g in Consul after Unlock or a loss (see core.NewGrant).

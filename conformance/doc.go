@@ -109,7 +109,7 @@
 //     (cause naming it) and Unlock releases the rest; MultiFIFO, waiters
 //     queued on a held name get the multi-name lock in arrival order.
 //
-// The suite is itself tested against a fake store with 53 deliberate bugs
+// The suite is itself tested against a fake store with 54 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name
 // locks), each of which some property must catch.
 package conformance

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -31,6 +32,9 @@ func TestMultiMutexFencedCounters(t *testing.T) {
 	run := 10 * time.Second
 	if testing.Short() {
 		run = 3 * time.Second
+	}
+	if d, err := time.ParseDuration(os.Getenv("HOLDFAST_MULTI_RUN")); err == nil && d > 0 {
+		run = d // a longer run by hand: HOLDFAST_MULTI_RUN=1m
 	}
 	names := make([]string, nNames)
 	for i := range names {

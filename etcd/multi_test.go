@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,7 +20,7 @@ import (
 )
 
 // TestMultiMutexFencedCounters: 8 sessions lock random subsets (2 to 4) of 6
-// names, passed in random order, for 10 s; each acquisition reads a counter
+// names, passed in random order, for 10 s (HOLDFAST_MULTI_RUN to change it); each acquisition reads a counter
 // per name and writes every counter + 1 in one guarded MultiGrant.Txn. No
 // acquisition deadlocks (each completes within its 30 s deadline), and each
 // name's counter equals the number of acquisitions that included it: no
@@ -30,6 +31,9 @@ func TestMultiMutexFencedCounters(t *testing.T) {
 	run := 10 * time.Second
 	if testing.Short() {
 		run = 3 * time.Second
+	}
+	if d, err := time.ParseDuration(os.Getenv("HOLDFAST_MULTI_RUN")); err == nil && d > 0 {
+		run = d // a longer run by hand: HOLDFAST_MULTI_RUN=1m
 	}
 	names := make([]string, nNames)
 	for i := range names {

@@ -404,7 +404,10 @@ func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
 
 // backoff is the pause before attempt (from 1) of a release that lost a
 // race for the lock key: random, up to 2^attempt ms, so that holders
-// releasing at once do not collide again.
+// releasing at once do not collide again. It is not core.Backoff on
+// purpose: a lost race is answered by a fresh read within milliseconds (50
+// ms would stall every contended release), and a store error is not
+// retried here but by the caller (core.Retry in cleanup, Unlock).
 func backoff(attempt int) time.Duration {
 	return time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 }

@@ -47,10 +47,6 @@ const (
 	valDowngraded = "holdfast held, downgraded"
 )
 
-// Test hooks (nil outside tests): after TryLock's read, and after a
-// release's read, before the write.
-var testHookTryRead, testHookLeaveRead func(p *permits)
-
 // maxLeaveAttempts bounds the attempts of one release or cleanup before it
 // reports errStale (and core.Retry tries again after a pause).
 const maxLeaveAttempts = 8
@@ -454,9 +450,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				return 0, err
 			}
 			v = &r
-			if testHookLeaveRead != nil {
-				testHookLeaveRead(p)
-			}
+			hookLeaveRead(p)
 		}
 		if v.me == nil {
 			if how == leaveCleanup {
@@ -722,8 +716,8 @@ func (p *permits) fail(ctx, wctx context.Context, err error) error {
 func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
 	v, err := p.read(ctx)
-	if testHookTryRead != nil && err == nil {
-		testHookTryRead(p)
+	if err == nil {
+		hookTryRead(p)
 	}
 	switch {
 	case err != nil:

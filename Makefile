@@ -9,7 +9,7 @@ STATICCHECK_VERSION ?= v0.8.2
 MODULES := . cmd/holdfast
 PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 
-.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants fuzz
+.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz
 
 test: consul
 	./scripts/modgraph.sh
@@ -69,6 +69,12 @@ bench-plots:
 # meant to catch its absence fail. About 3 minutes; .ci/run runs it after `make test`.
 mutants: consul
 	./scripts/mutants.sh
+
+# The conformance suite against each of the fake's broken stores: every
+# property of the bug's families, where `make test` runs only the properties
+# meant to catch it.
+conformance-full:
+	$(GO) test -count=1 -run '^TestSuiteCatchesBrokenFakes$$' ./conformance/ -args -conformance.full
 
 # Fuzz the decoders of the Consul semaphore's and read-write lock's lock key
 # (consul/permits_fuzz_test.go), FUZZTIME each (default 1m). The seed corpus

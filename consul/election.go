@@ -10,7 +10,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Election is a leader election on Consul, on Consul's documented pattern:
@@ -127,10 +126,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 		return err
 	}
 	s := e.m.s
-	var ops api.TxnOps
-	if !mutant.On("consul/proclaim-check-session") {
-		ops = append(ops, g.Guard()...)
-	}
+	ops := proclaimGuard(g)
 	// An acquire by the holder keeps the key's session, CreateIndex and
 	// LockIndex (a plain set would zero LockIndex), and fails if another
 	// session holds the key.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // This file is the engine that Semaphore and RWMutex share: permits counted
@@ -123,7 +122,7 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 	if !p.rw() {
 		return len(st.holders) < p.limit
 	}
-	if exclusive && !mutant.On("consul/rwmutex-writer-alone") {
+	if exclusive && writerAlone() {
 		return len(st.holders) == 0
 	}
 	for _, x := range st.holders {
@@ -205,7 +204,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		st = permitState{limit: p.limit, holders: map[string]bool{}}
 	}
 	for h := range st.holders {
-		if !live[h] || mutant.On("consul/permit-prune-dead-only") {
+		if prunable(live, h) {
 			delete(st.holders, h)
 		}
 	}
@@ -297,10 +296,7 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	if v.lock != nil {
 		index = v.lock.ModifyIndex
 	}
-	verb := api.KVCAS
-	if mutant.On("consul/permit-cas") {
-		verb = api.KVSet
-	}
+	verb := permitCAS()
 	value := p.encode(st)
 	if v.lock != nil && string(value) == string(v.lock.Value) {
 		// Consul does not move the index of a write that changes nothing:
@@ -458,10 +454,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			}
 			return 0, fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
 		}
-		var ops api.TxnOps
-		if !mutant.On("consul/permit-release-check-session") {
-			ops = append(ops, checkSession(p.myKey, p.s.id))
-		}
+		ops := permitReleaseGuard(p.myKey, p.s.id)
 		held := len(ops)
 		after := false // read the subtree after the writes, and passOn
 		_, in := v.st.holders[p.s.id]

@@ -17,7 +17,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -467,7 +466,7 @@ func (s *Session) checkSoon() {
 // cause wrapping holdfast.ErrLost. Errors are ignored: the next check, or
 // the keeper's deadline, covers them. It takes at most limit.
 func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
-	if mutant.On("consul/key-check") {
+	if !keyCheck() {
 		return
 	}
 	s.mu.Lock()
@@ -503,7 +502,7 @@ func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 // charge.
 func (s *Session) watch(ctx context.Context) {
 	defer s.tasks.Done()
-	if mutant.On("consul/session-watch") {
+	if !sessionWatch() {
 		return
 	}
 	ctx, cancel := s.bind(ctx)

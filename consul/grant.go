@@ -11,7 +11,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Grant is a held Consul lock. It implements holdfast.Grant.
@@ -141,10 +140,7 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	if !g.base.Held() {
 		return nil, g.base.NotHeld()
 	}
-	guard := api.TxnOps{}
-	if !mutant.On("consul/txn-check-session") {
-		guard = g.Guard()
-	}
+	guard := txnGuard(g.Key(), g.s.id)
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := g.s.txn(ctx, append(guard, ops...))
@@ -207,11 +203,7 @@ func (g *Grant) lose(e *api.KVPair) {
 // lost grant, of a failed acquisition, and on Close. It returns an error
 // wrapping holdfast.ErrNotHeld if the check fails.
 func (s *Session) releaseKey(ctx context.Context, key string) error {
-	var ops api.TxnOps
-	if !mutant.On("consul/release-check-session") {
-		ops = append(ops, checkSession(key, s.id))
-	}
-	ops = append(ops, kvOp(api.KVDelete, key))
+	ops := append(releaseGuard(key, s.id), kvOp(api.KVDelete, key))
 	_, err := s.txn(ctx, ops)
 	var rb *rollback
 	switch {

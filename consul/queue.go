@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -914,10 +913,7 @@ func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 // other failed check is errStale.
 func (g *lockHold) handOver(ctx context.Context) error {
 	s, m, key := g.m.s, g.m, g.m.lockKey
-	var ops api.TxnOps
-	if !mutant.On("consul/release-check-session") {
-		ops = append(ops, checkSession(key, s.id))
-	}
+	ops := releaseGuard(key, s.id)
 	held := len(ops) // ops before this index check that we hold the key
 	switch {
 	case len(g.next) > 0:
@@ -925,11 +921,7 @@ func (g *lockHold) handOver(ctx context.Context) error {
 		ops = append(ops,
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
 			lockOp(key, w.session, nextValue(g.next[1:])))
-		if mutant.On("consul/handoff-check-next") {
-			ops = append(ops, kvOp(api.KVDelete, w.key))
-		} else {
-			ops = append(ops, checkSession(w.key, w.session), deleteCAS(w.key, w.index))
-		}
+		ops = append(append(ops, nextGuard(w)...), kvOp(api.KVDelete, w.key))
 		if t, ok := m.tailEntry(g.tail); ok && g.tailKnown && t == w {
 			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex)) // w was the last to queue
 		}
@@ -1052,11 +1044,7 @@ func (g *lockHold) refresh(ctx context.Context) error {
 // us), it is deleted, if unchanged.
 func releasePlain(ctx context.Context, m *Mutex, queued uint64) error {
 	s := m.s
-	var ops api.TxnOps
-	if !mutant.On("consul/release-check-session") {
-		ops = append(ops, checkSession(m.lockKey, s.id))
-	}
-	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey))
+	ops := append(releaseGuard(m.lockKey, s.id), kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey))
 	resp, err := s.txn(ctx, ops)
 	var rb *rollback
 	switch {

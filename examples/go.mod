@@ -8,7 +8,7 @@ require (
 	github.com/holdfast/holdfast/embedtest/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/holdfast/holdfast/embedtest/pgtest v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/client/v3 v3.7.3
-	go.uber.org/zap v1.28.0
+	go.uber.org/zap v1.27.1
 )
 
 require (
@@ -83,9 +83,9 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/grpc v1.83.2 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect

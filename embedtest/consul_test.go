@@ -2,6 +2,7 @@ package embedtest
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -179,4 +180,29 @@ func TestConsulStartFailure(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("failure took %v", d)
 	}
+}
+
+func Example() {
+	a, err := StartConsul()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer a.Close()
+	cli, err := a.NewClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := cli.KV().Put(&api.KVPair{Key: "greeting", Value: []byte("hello")}, nil); err != nil {
+		fmt.Println(err)
+		return
+	}
+	kv, _, err := cli.KV().Get("greeting", nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(kv.Value))
+	// Output: hello
 }

@@ -12,7 +12,7 @@
 //
 //	func TestConformance(t *testing.T) {
 //		leakcheck.Check(t) // first, so that its check runs last
-//		c := embedtest.Etcd(t)
+//		c := etcdtest.Etcd(t)
 //		conformance.Run(t, conformance.Backend{
 //			NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 //				// a client through an embedtest.Proxy, a session, a Mutex

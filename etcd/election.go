@@ -362,10 +362,6 @@ func (e *Election) watch(ctx context.Context, pfx string, c contenders, rev *int
 	return false, delivered
 }
 
-// observeFrom is the revision Observe's watch starts from after the
-// revision rev was read or seen (tests replace it).
-var observeFrom = func(rev int64) int64 { return rev + 1 }
-
 // put records kv if it is a candidate's key ("<prefix><lease hex>"; keys of
 // longer names are not candidates).
 func (c contenders) put(pfx string, kv *mvccpb.KeyValue) {

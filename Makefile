@@ -79,7 +79,7 @@ mutants: consul
 
 # The conformance suite against each of the fake's broken stores: every
 # property of the bug's families, where `make test` runs only the properties
-# meant to catch it.
+# meant to catch it (measured on 2 cores, without -race: 313 s against 109 s).
 conformance-full:
 	$(GO) test -count=1 -run '^TestSuiteCatchesBrokenFakes$$' ./conformance/ -args -conformance.full
 

@@ -35,13 +35,10 @@ func campaign(value []byte) taking {
 			}
 			return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
 		},
-		handed: func(ctx context.Context, a *acquisition, _ *api.KVPair, _ []*api.KVPair) (uint64, error) {
+		handed: func(ctx context.Context, a *acquisition, _ uint64) (uint64, error) {
 			return retake(ctx, a.m, value)
 		},
-		quiet: true,
-		hold: func(m *Mutex, _ uint64, a *acquisition) releaser {
-			return &campaignHold{m: m, queued: a.queueIndex}
-		},
+		resign: true,
 	}
 }
 
@@ -54,7 +51,6 @@ func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
 		checkSession(m.lockKey, m.s.id),
 		kvOp(api.KVDelete, m.lockKey),
 		lockOp(m.lockKey, m.s.id, value),
-		kvOp(api.KVDelete, m.queueKey),
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -76,19 +72,4 @@ func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
 		return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
 	}
 	return term, nil
-}
-
-// campaignHold is an Election grant's release: a guarded delete of the lock
-// key, never a handoff (the key's value is the leader's).
-type campaignHold struct {
-	m      *Mutex
-	queued uint64 // the CreateIndex of our last queue entry, if we queued
-}
-
-func (h *campaignHold) release(ctx context.Context, _ *Grant) error {
-	return releasePlain(ctx, h.m, h.queued)
-}
-
-func (h *campaignHold) drop(ctx context.Context, _ *Grant) error {
-	return h.m.s.releaseKey(ctx, h.m.lockKey)
 }

@@ -75,9 +75,10 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 		switch id, inQueue := strings.CutPrefix(p.Key, queuePrefix); {
 		case p.Key == lockKey && p.Flags == api.LockFlagValue, p.Key == tailKey:
 		case inQueue && id != "" && !strings.Contains(id, "/"):
-			if p.Session != "" { // else a dead entry, removed by the next waiter
+			if p.Session != "" && (lock == nil || p.Session != lock.Session) { // else a dead entry, or the holder's own
 				queue = append(queue, p)
 			}
+		case inQueue && id != "": // an entry's links and marks
 		default:
 			st.Other = append(st.Other, p.Key)
 		}
@@ -87,7 +88,7 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 		v := string(lock.Value)
 		ct := holdfast.Contender{Origin: holdfast.OriginHoldfast, Token: holdfast.Token(tokenOf(lock))}
 		switch {
-		case strings.HasPrefix(v, valueTaken): // valueNext and valueWaiter too
+		case strings.HasPrefix(v, valueTaken):
 		case v == "":
 			ct.Origin = holdfast.OriginNative
 		default:

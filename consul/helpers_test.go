@@ -96,10 +96,21 @@ func keys(t testing.TB, c *api.Client, name string) []string {
 // queueLen counts the queue entries of the Mutex called name.
 func queueLen(t testing.TB, c *api.Client, name string) int {
 	t.Helper()
+	pairs, _, err := c.KV().List(name+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := ""
+	for _, p := range pairs {
+		if p.Key == LockKey(name) {
+			holder = p.Session
+		}
+	}
 	n := 0
-	for _, k := range keys(t, c, name) {
-		if strings.HasPrefix(k, name+queueInfix) {
-			n++
+	for _, p := range pairs {
+		id, ok := strings.CutPrefix(p.Key, name+queueInfix)
+		if ok && id != "" && !strings.Contains(id, "/") && p.Session != "" && p.Session != holder {
+			n++ // a waiter's entry (the holder's stays while it holds)
 		}
 	}
 	return n

@@ -226,7 +226,7 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
-		if !free(v.lock) || len(v.queue) > 0 {
+		if !free(v.lock) || v.waiting() > 0 {
 			return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
 		}
 		lock, tail = v.lock, v.tail
@@ -479,7 +479,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
 	}
-	ops = append(ops, kvOp(api.KVGetTree, m.queueKey))
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.queueKey + heldSuffix}}, kvOp(api.KVGetTree, m.queueKey))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
@@ -733,6 +733,20 @@ type view struct {
 	next   *waiter
 	anchor *api.KVPair
 	held   *api.KVPair
+	// holders are the sessions whose entry has a held mark: the holder,
+	// or one that lost its grant and has not left yet.
+	holders map[string]bool
+}
+
+// waiting returns the number of live entries that wait (no held mark).
+func (v view) waiting() int {
+	n := 0
+	for _, e := range v.queue {
+		if !v.holders[e.Session] {
+			n++
+		}
+	}
+	return n
 }
 
 // parse builds a view from the results of a transaction that read the
@@ -774,6 +788,12 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 				v.me = e
 			}
 		case isQueue && id != "": // another entry's links and marks
+			if session, ok := strings.CutSuffix(id, heldSuffix); ok && !strings.Contains(session, "/") {
+				if v.holders == nil {
+					v.holders = make(map[string]bool)
+				}
+				v.holders[session] = true
+			}
 		case strings.HasPrefix(e.Key, m.prefix):
 			v.other = e.Key
 		}

@@ -401,7 +401,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	if _, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(cctx, []byte("two")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
 	}
-	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(contenderKeys(t, c, name)) == 1 })
 	s3 := newSession(t, c, WithLockDelay(0))
 	done := make(chan error, 1)
 	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
@@ -410,7 +410,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Fatalf("Campaign of a destroyed session: %v", err)
 	}
-	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(contenderKeys(t, c, name)) == 1 })
 	if g.Context().Err() != nil {
 		t.Fatal("the leader's context ended")
 	}

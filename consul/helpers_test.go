@@ -93,6 +93,39 @@ func keys(t testing.TB, c *api.Client, name string) []string {
 	return ks
 }
 
+// contenderKeys lists the keys under name + "/" as one key per contender,
+// as on etcd: the lock key, and the entries of the waiters. While the lock
+// key is held, the holder's entry and marks and the tail key are its
+// holder's bookkeeping and left out; the links and anchors under waiters'
+// entries always are. With the lock key free or absent, every key shows
+// (a leftover of a released grant would).
+func contenderKeys(t testing.TB, c *api.Client, name string) []string {
+	t.Helper()
+	pairs, _, err := c.KV().List(name+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := ""
+	for _, p := range pairs {
+		if p.Key == LockKey(name) {
+			holder = p.Session
+		}
+	}
+	var ks []string
+	for _, p := range pairs {
+		id, inQueue := strings.CutPrefix(p.Key, name+queueInfix)
+		session, _, child := strings.Cut(id, "/")
+		switch {
+		case holder != "" && (p.Key == name+tailSuffix || inQueue && session == holder):
+		case inQueue && child:
+		default:
+			ks = append(ks, p.Key)
+		}
+	}
+	slices.Sort(ks)
+	return ks
+}
+
 // queueLen counts the queue entries of the Mutex called name.
 func queueLen(t testing.TB, c *api.Client, name string) int {
 	t.Helper()

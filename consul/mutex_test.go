@@ -732,7 +732,7 @@ func TestWaiterSessionLost(t *testing.T) {
 	if !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("waiter: %v, want ErrSessionLost", err)
 	}
-	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(keys(t, admin, name), []string{LockKey(name)}) })
+	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(contenderKeys(t, admin, name), []string{LockKey(name)}) })
 	if _, err := wm.Lock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("Lock on a lost session: %v, want ErrSessionLost", err)
 	}

@@ -105,19 +105,20 @@ func contenderKeys(t testing.TB, c *api.Client, name string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := ""
+	holders := map[string]string{} // lock name -> holding session
 	for _, p := range pairs {
-		if p.Key == LockKey(name) {
-			holder = p.Session
+		if n, ok := strings.CutSuffix(p.Key, lockSuffix); ok && p.Session != "" {
+			holders[n] = p.Session
 		}
 	}
 	var ks []string
 	for _, p := range pairs {
-		id, inQueue := strings.CutPrefix(p.Key, name+queueInfix)
-		session, _, child := strings.Cut(id, "/")
+		n, rest, inQueue := strings.Cut(p.Key, queueInfix)
+		session, _, child := strings.Cut(rest, "/")
+		tailOf, isTail := strings.CutSuffix(p.Key, tailSuffix)
 		switch {
-		case holder != "" && (p.Key == name+tailSuffix || inQueue && session == holder):
-		case inQueue && child:
+		case isTail && holders[tailOf] != "":
+		case inQueue && (child || session == holders[n]):
 		default:
 			ks = append(ks, p.Key)
 		}

@@ -18,8 +18,9 @@ import (
 // in order with their tokens and sessions (TTL and lock-delay; Consul does
 // not say how long a session has left), and whether holdfast or a native
 // client (api.Lock, `consul lock`, api.Semaphore, `consul lock -n`) wrote
-// each key. holdfast's bookkeeping (the queue and tail keys, the values
-// that announce waiters or mark permits) is read, never shown as data.
+// each key. holdfast's bookkeeping (the tail key, the queue's links and
+// marks, the holder's own entry, the values that mark permits) is read,
+// never shown as data.
 //
 // It costs one consistent read of the keys under "<name>/" and one session
 // lookup per contender. A lock key with an empty value is a lock's (as

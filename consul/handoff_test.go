@@ -204,8 +204,8 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	t.Logf("w2 got the lock %v after w1 gave up", time.Since(t0))
 	// The tail key names w2's entry (w2 queued last), which stays while w2
 	// holds; w2's Unlock deletes both.
-	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), w2.queueKey, name + tailSuffix}) {
-		t.Errorf("keys: %q, want the lock key, w2's entry and the tail key only", ks)
+	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), w2.queueKey, w2.queueKey + heldSuffix, name + tailSuffix}) {
+		t.Errorf("keys: %q, want the lock key, w2's entry and held mark, and the tail key only", ks)
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)

@@ -479,7 +479,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
 	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.queueKey + heldSuffix}}, kvOp(api.KVGetTree, m.queueKey))
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
@@ -756,6 +756,7 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 	var v view
 	seen := make(map[string]bool, len(results))
 	mine := m.queueKey + "/"
+	var children []*api.KVPair // other entries' links and marks
 	for _, r := range results {
 		e := r.KV
 		if e == nil || e.ModifyIndex == 0 {
@@ -788,17 +789,26 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 				v.me = e
 			}
 		case isQueue && id != "": // another entry's links and marks
-			if session, ok := strings.CutSuffix(id, heldSuffix); ok && !strings.Contains(session, "/") {
+			session, _, _ := strings.Cut(id, "/")
+			if strings.TrimPrefix(id, session) == heldSuffix && e.Session != "" {
 				if v.holders == nil {
 					v.holders = make(map[string]bool)
 				}
 				v.holders[session] = true
 			}
+			children = append(children, e)
 		case strings.HasPrefix(e.Key, m.prefix):
 			v.other = e.Key
 		}
 	}
 	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
+	for _, e := range children {
+		// Under an entry that is gone (deleted with its session, Behavior
+		// delete): dead too.
+		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix), "/"); !seen[m.queuePrefix+entry] {
+			v.dead = append(v.dead, e)
+		}
+	}
 	return v
 }
 
@@ -905,7 +915,11 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 		err = errStale
 	}
 	if errors.Is(err, holdfast.ErrNotHeld) {
+		// The key was deleted or taken over from outside: leave the queue.
 		g.m.s.checkSoon()
+		if _, lerr := g.m.leave(ctx); lerr != nil {
+			return lerr
+		}
 	}
 	return err // errStale four times over: retried
 }
@@ -914,7 +928,8 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 // (after a loss, or as the session closes).
 func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 	err := g.m.s.releaseKey(ctx, g.m.lockKey)
-	if _, lerr := g.m.leave(ctx); lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
+	_, lerr := g.m.leave(ctx)
+	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
 		return lerr
 	}
 	return err
@@ -943,7 +958,7 @@ func (g *lockHold) pass(ctx context.Context) error {
 		held = len(ops) // the unlock checks our session too
 		ops = append(append(ops, lockOp(key, w.session, []byte(valueTaken))), nextGuard(w)...)
 		ops = append(ops,
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: w.key + heldSuffix}})
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}
 	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVDeleteTree, m.queueKey))
 	return g.send(ctx, ops, held)

@@ -3,19 +3,25 @@
 export GOTOOLCHAIN := local
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
-# The modules of go.work: the library with embedtest and the examples (.),
-# the command with its benchmark, safety suite and plot generator
-# (cmd/holdfast). vet, staticcheck and the tests cover both.
-MODULES := . cmd/holdfast
+# The modules of go.work: the library with the light embedtest (.), the
+# command with its benchmark, safety suite and plot generator (cmd/holdfast),
+# the embedded etcd and the throwaway PostgreSQL for tests
+# (embedtest/etcdtest, embedtest/pgtest), the runnable examples (examples)
+# and the tests against those servers (tests). vet, staticcheck and the tests
+# cover them all.
+MODULES := . cmd/holdfast embedtest/etcdtest embedtest/pgtest examples tests
 PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
+# tests/etcd uses etcd's test hooks (etcd/export_testhooks.go) and refuses to
+# run without this tag; nothing else depends on it.
+TESTTAGS := holdfast_testhooks
 
-.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants fuzz
+.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz
 
 test: consul
 	./scripts/modgraph.sh
-	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 25m $(PKGS)
-	$(GO) test -count=1 -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./etcd/ ./consul/ ./cmd/holdfast/internal/bench/   # memory figures and 256 contenders, without -race's slowness
+	$(GO) vet -tags $(TESTTAGS) $(PKGS)
+	$(GO) test -race -count=1 -tags $(TESTTAGS) -timeout 25m $(PKGS)
+	$(GO) test -count=1 -tags $(TESTTAGS) -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./tests/etcd/ ./consul/ ./cmd/holdfast/internal/bench/   # memory figures and 256 contenders, without -race's slowness
 
 # Build (first run: about 4 minutes) or locate the cached Consul server.
 consul:
@@ -25,7 +31,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	./scripts/tidy.sh -diff
 	$(GO) vet $(PKGS)
-	@set -e; for m in $(MODULES); do echo "staticcheck: $$m"; (cd $$m && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...); done
+	$(GO) vet -tags $(TESTTAGS) $(PKGS)
+	@set -e; for m in $(MODULES); do echo "staticcheck: $$m"; (cd $$m && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags $(TESTTAGS) ./...); done
 
 demo:
 	$(GO) run ./cmd/holdfast demo
@@ -70,6 +77,12 @@ bench-plots:
 mutants: consul
 	./scripts/mutants.sh
 
+# The conformance suite against each of the fake's broken stores: every
+# property of the bug's families, where `make test` runs only the properties
+# meant to catch it.
+conformance-full:
+	$(GO) test -count=1 -run '^TestSuiteCatchesBrokenFakes$$' ./conformance/ -args -conformance.full
+
 # Fuzz the decoders of the Consul semaphore's and read-write lock's lock key
 # (consul/permits_fuzz_test.go), FUZZTIME each (default 1m). The seed corpus
 # runs with every plain `go test` too.
@@ -79,6 +92,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRWLock$$' -fuzztime $(FUZZTIME) ./consul/
 
 # go mod tidy in every module, keeping the library's go.mod free of what
-# embedtest, the command and the examples need (scripts/tidy.sh).
+# the servers, the command, the examples and the tests need (scripts/tidy.sh).
 tidy:
 	./scripts/tidy.sh

@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
-	"github.com/holdfast/holdfast/etcd"
 )
 
 // A resource guarded by a Fence accepts writes in token order: a holder
@@ -57,22 +57,22 @@ func ExampleValidateName() {
 }
 
 // AsLocker adapts a backend's lock to a holdfast.Locker, for code that should
-// not depend on the store (here an embedded etcd).
+// not depend on the store (here a Consul agent started for the example).
 func ExampleAsLocker() {
-	c, err := embedtest.StartEtcd("", 1)
+	agent, err := embedtest.StartConsul()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer c.Close()
+	defer agent.Close()
 	ctx := context.Background()
-	s, err := etcd.Dial(ctx, c.Endpoints())
+	s, err := consul.Dial(ctx, agent.HTTPAddr, consul.WithLockDelay(0))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer s.Close()
-	m, err := etcd.NewMutex(s, "jobs/nightly")
+	m, err := consul.NewMutex(s, "jobs/nightly")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -84,10 +84,10 @@ func ExampleAsLocker() {
 		fmt.Println(err)
 		return
 	}
-	_, isEtcd := g.(*etcd.Grant) // the backend's grant, unchanged
-	fmt.Println("locked:", g.Token() > 0, "etcd grant:", isEtcd)
+	_, isConsul := g.(*consul.Grant) // the backend's grant, unchanged
+	fmt.Println("locked:", g.Token() > 0, "consul grant:", isConsul)
 	fmt.Println("unlock:", g.Unlock(ctx))
 	// Output:
-	// locked: true etcd grant: true
+	// locked: true consul grant: true
 	// unlock: <nil>
 }

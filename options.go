@@ -18,7 +18,10 @@ type LockOption func(*options.Lock)
 // grant without blocking. The same grant is returned, its token is
 // unchanged, and it is released by the Unlock that matches the first Lock.
 // Without it (the default), a second Lock through the same lock value waits
-// like any other contender.
+// like any other contender. Mutexes and semaphores accept it on every
+// backend; read-write locks are never reentrant, and their constructors
+// refuse it with an error wrapping ErrInvalidArgument (conformance property
+// RWReentrancy).
 func WithReentrant() LockOption { return func(c *options.Lock) { c.Reentrant = true } }
 
 // MaxNameLen is the longest lock name accepted, in bytes.

@@ -57,6 +57,11 @@ type Backend struct {
 	// it is set.
 	NewRWMutex func(t *testing.T, name string) (RWLocker, Faults)
 
+	// TryNewRWMutex, if set, calls the backend's read-write lock
+	// constructor for name with opts, on a new session of its own, and
+	// returns what it returns. RWReentrancy runs only if it is set.
+	TryNewRWMutex func(t *testing.T, name string, opts ...holdfast.LockOption) (RWLocker, error)
+
 	// NewElection, if set, returns a candidate in the election called name
 	// on a new session of its own, and its faults; a leadership grant's
 	// Unlock resigns. The Election* properties run only if it is set.
@@ -169,6 +174,7 @@ type subtest struct {
 const (
 	needsSemaphore = "NewSemaphore"
 	needsRWMutex   = "NewRWMutex"
+	needsRWOptions = "TryNewRWMutex"
 	needsElection  = "NewElection"
 	needsClaimer   = "NewClaimer"
 	needsMulti     = "NewMultiLocker"
@@ -209,6 +215,7 @@ var subtests = []subtest{
 	{"RWTokens", testRWTokens, needsRWMutex},
 	{"RWPromptAdmission", testRWPromptAdmission, needsRWMutex},
 	{"RWDowngrade", testRWDowngrade, needsRWMutex},
+	{"RWReentrancy", testRWReentrancy, needsRWOptions},
 
 	{"ElectionOneLeader", testElectionOneLeader, needsElection},
 	{"ElectionObserve", testElectionObserve, needsElection},
@@ -255,6 +262,7 @@ func Run(t *testing.T, b Backend) {
 		"":             true,
 		needsSemaphore: b.NewSemaphore != nil,
 		needsRWMutex:   b.NewRWMutex != nil,
+		needsRWOptions: b.TryNewRWMutex != nil,
 		needsElection:  b.NewElection != nil,
 		needsClaimer:   b.NewClaimer != nil,
 		needsMulti:     b.NewMultiLocker != nil,
@@ -265,7 +273,7 @@ func Run(t *testing.T, b Backend) {
 			left[st.needs] = append(left[st.needs], st.name)
 		}
 	}
-	for _, needs := range []string{needsSemaphore, needsRWMutex, needsElection, needsClaimer, needsMulti} {
+	for _, needs := range []string{needsSemaphore, needsRWMutex, needsRWOptions, needsElection, needsClaimer, needsMulti} {
 		if len(left[needs]) > 0 {
 			t.Logf("conformance: Backend.%s is nil: not running %s", needs, strings.Join(left[needs], ", "))
 		}

@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"os"
 	"os/exec"
 	"regexp"
@@ -49,9 +50,10 @@ func TestBrokenFakeHelper(t *testing.T) {
 
 // brokenFakes lists each bug with the subtests that must catch it
 // ("CheckGoroutines" stands for the goroutine-leak check). A child process
-// runs the subtests of the families (see family) of its mustFail list, and
-// of its bug's lock family if it has none: the bugs in semaphores, RW locks
-// and elections do not make every lock property run again.
+// runs those subtests (MonotonicTokens if none); with -conformance.full,
+// the subtests of their families (see family), and of the lock family if
+// it has none: the bugs in semaphores, RW locks and elections do not make
+// every lock property run again.
 var brokenFakes = []struct {
 	bug      string
 	mustFail []string
@@ -95,6 +97,7 @@ var brokenFakes = []struct {
 	{bugRWWriterBesideRead, []string{"RWExclusion", "RWReadersShare"}},
 	{bugRWReaderBarges, []string{"RWWriterNotStarved"}},
 	{bugRWReadersExclusive, []string{"RWReadersShare"}},
+	{bugRWReentrantAccepted, []string{"RWReentrancy"}},
 	{bugElectTwoLeaders, []string{"ElectionOneLeader"}},
 	{bugElectTermsDecrease, []string{"ElectionOneLeader", "ElectionFailover"}},
 	{bugElectToldLate, []string{"ElectionResign"}},
@@ -117,12 +120,22 @@ var brokenFakes = []struct {
 
 var subtestLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): ` + helper + `/(\S+) `)
 
-// TestSuiteCatchesBrokenFakes runs the whole suite against each broken fake
-// in a child process (a failing subtest cannot be observed from inside the
-// same test binary without failing it) and checks that the subtests meant
-// to catch the bug fail, and that every subtest catches at least one bug.
-// With -short, each child runs only the subtests meant to catch its bug.
+// full makes TestSuiteCatchesBrokenFakes run every property of a bug's
+// families against it (`make conformance-full`), not only those meant to
+// catch it.
+var full = flag.Bool("conformance.full", false, "TestSuiteCatchesBrokenFakes: run whole property families against each broken fake")
+
+// TestSuiteCatchesBrokenFakes runs the suite against each broken fake in a
+// child process (a failing subtest cannot be observed from inside the same
+// test binary without failing it) and checks that the subtests meant to
+// catch the bug fail, and that every subtest catches at least one bug. Each
+// child runs only the subtests meant to catch its bug; with
+// -conformance.full, every subtest of their families (of the lock family
+// for a bug listed with none), and then every subtest must have run.
 func TestSuiteCatchesBrokenFakes(t *testing.T) {
+	if names := conformance.PropertyNames(); !slices.Equal(names, allSubtests) {
+		t.Fatalf("allSubtests %q, want the suite's subtests in order: %q", allSubtests, names)
+	}
 	var (
 		mu      sync.Mutex
 		seen    = map[string]bool{}
@@ -142,7 +155,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 						families[family(name)] = true
 					}
 				}
-				if !testing.Short() {
+				if *full {
 					var targets []string
 					for _, name := range allSubtests {
 						if families[family(name)] {
@@ -207,7 +220,7 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	if !testing.Short() {
+	if *full {
 		for _, name := range allSubtests {
 			if !seen[name] {
 				t.Errorf("subtest %s did not run in the children", name)
@@ -244,7 +257,7 @@ var allSubtests = []string{
 	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
-	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade",
+	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade", "RWReentrancy",
 	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
 	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
 	"MultiNoDeadlock", "MultiCancel", "MultiLoss", "MultiFIFO",

@@ -12,7 +12,7 @@
 //
 //	func TestConformance(t *testing.T) {
 //		leakcheck.Check(t) // first, so that its check runs last
-//		c := embedtest.Etcd(t)
+//		c := etcdtest.Etcd(t)
 //		conformance.Run(t, conformance.Backend{
 //			NewLocker: func(t *testing.T, name string, opts ...holdfast.LockOption) (holdfast.Locker, conformance.Faults) {
 //				// a client through an embedtest.Proxy, a session, a Mutex
@@ -79,7 +79,10 @@
 //     readers at once, and TryLock/TryRLock fail with ErrLocked across
 //     kinds; RWWriterNotStarved, a reader arriving after a queued writer
 //     waits behind it; RWCancelCleanup; RWTokens, write tokens strictly
-//     increase.
+//     increase. RWReentrancy (Backend.TryNewRWMutex): a read-write lock
+//     is not reentrant, its constructor refuses holdfast.WithReentrant
+//     (ErrInvalidArgument), and a second Lock or RLock through a lock that
+//     holds it waits like any other contender's.
 //   - Election (Backend.NewElection, a leader.Candidate): ElectionOneLeader,
 //     at most one live leadership at a time, terms strictly increasing, fenced
 //     writes admitted; ElectionObserve, Observe starts with the current state
@@ -109,7 +112,7 @@
 //     (cause naming it) and Unlock releases the rest; MultiFIFO, waiters
 //     queued on a held name get the multi-name lock in arrival order.
 //
-// The suite is itself tested against a fake store with 54 deliberate bugs
+// The suite is itself tested against a fake store with 55 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name
 // locks), each of which some property must catch.
 package conformance

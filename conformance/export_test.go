@@ -11,3 +11,13 @@ func PropertyCounts() (lock, all int) {
 	}
 	return lock, len(subtests)
 }
+
+// PropertyNames returns the names of the suite's properties, in the order
+// Run runs them.
+func PropertyNames() []string {
+	var names []string
+	for _, st := range subtests {
+		names = append(names, st.name)
+	}
+	return names
+}

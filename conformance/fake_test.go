@@ -65,6 +65,7 @@ const (
 	bugDowngradeKeepsWrite = "downgrade-keeps-write"   // a Downgrade that fails leaves the write grant held
 	bugRWReaderBarges      = "rw-reader-barges"        // a reader passes a queued writer while readers hold
 	bugRWReadersExclusive  = "rw-readers-exclusive"    // readers do not share
+	bugRWReentrantAccepted = "rw-reentrant-accepted"   // a read-write lock made with WithReentrant is made (and reentrant)
 	bugElectTwoLeaders     = "election-two-leaders"    // two candidates lead at once
 	bugElectTermsDecrease  = "election-terms-decrease" // each term is lower than the last
 	bugElectToldLate       = "election-told-late"      // a resigning leader's context ends after its key is gone
@@ -141,6 +142,14 @@ func (st *fakeStore) backend() conformance.Backend {
 			t.Helper()
 			l, f := st.newLocker(t, name, kindWrite, 0, nil)
 			return fakeRW{l}, f
+		},
+		TryNewRWMutex: func(t *testing.T, name string, opts ...holdfast.LockOption) (conformance.RWLocker, error) {
+			t.Helper()
+			if options.ApplyLock(opts).Reentrant && st.bug != bugRWReentrantAccepted {
+				return nil, fmt.Errorf("%w: a read-write lock is not reentrant", holdfast.ErrInvalidArgument)
+			}
+			l, _ := st.newLocker(t, name, kindWrite, 0, opts)
+			return fakeRW{l}, nil
 		},
 		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
 			t.Helper()

@@ -397,3 +397,50 @@ func testRWDowngrade(s *suite) {
 		s.t.Errorf("keys left after every grant was released: %q", ks)
 	}
 }
+
+// testRWReentrancy: a read-write lock is not reentrant, on every store. Its
+// constructor refuses holdfast.WithReentrant with an error wrapping
+// holdfast.ErrInvalidArgument, leaving no key. Through a lock made without
+// it, a second Lock or RLock while it holds the write lock, and a Lock
+// while it holds a read lock, wait like any other contender's and leave no
+// key when they give up.
+func testRWReentrancy(s *suite) {
+	if l, err := s.b.TryNewRWMutex(s.t, s.name, holdfast.WithReentrant()); !errors.Is(err, holdfast.ErrInvalidArgument) {
+		s.t.Errorf("read-write lock made with WithReentrant: (%v, %v), want an error matching holdfast.ErrInvalidArgument", l, err)
+	}
+	l, err := s.b.TryNewRWMutex(s.t, s.name)
+	if err != nil || l == nil {
+		s.t.Fatalf("read-write lock made without options: (%v, %v), want a lock", l, err)
+	}
+	if ks := s.keys(); len(ks) > 0 {
+		s.t.Errorf("keys after the constructors: %q, want none", ks)
+	}
+	blocks := func(second holdfast.Locker, holds holdfast.Grant, what string) {
+		before := s.keys()
+		ctx, cancel := context.WithTimeout(s.root, 300*time.Millisecond)
+		res := s.await(start(ctx, second, false), 300*time.Millisecond+slack, what)
+		cancel()
+		switch {
+		case res.err == nil:
+			s.t.Errorf("%s returned %s, want it to block", what, describe(res.g))
+		case !errors.Is(res.err, context.DeadlineExceeded):
+			s.t.Errorf("%s: %v, want it to block until its deadline (context.DeadlineExceeded)", what, res.err)
+		}
+		if ks := s.keys(); !slices.Equal(ks, before) {
+			s.t.Errorf("keys after %s gave up: %q, want them unchanged: %q", what, ks, before)
+		}
+		if isDone(holds.Context()) {
+			s.t.Errorf("grant context done after %s gave up: %v", what, context.Cause(holds.Context()))
+		}
+	}
+	w := s.lock(l, "L, write lock")
+	blocks(l, w, "L: second Lock while it writes")
+	blocks(readLocker{l}, w, "L: RLock while it writes")
+	s.unlock(w, "L, write lock")
+	r := s.lock(readLocker{l}, "L, read lock")
+	blocks(l, r, "L: Lock while it reads")
+	s.unlock(r, "L, read lock")
+	if ks, ok := s.waitKeys(settle, empty); !ok {
+		s.t.Errorf("keys left after every grant was released: %q", ks)
+	}
+}

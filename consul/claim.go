@@ -12,7 +12,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // ClaimFlags marks a claim key ("<name>/.claim") in Consul's KV flags.
@@ -272,10 +271,7 @@ func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	if !c.base.Held() {
 		return nil, c.base.NotHeld()
 	}
-	guard := api.TxnOps{}
-	if !mutant.On("consul/claim-check-session") {
-		guard = c.Guard()
-	}
+	guard := claimGuard(c)
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := c.o.s.txn(ctx, append(guard, ops...))

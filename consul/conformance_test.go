@@ -89,6 +89,14 @@ func TestConformance(t *testing.T) {
 			}
 			return conformance.AsRWLocker[*Grant](rw), f
 		},
+		TryNewRWMutex: func(t *testing.T, name string, opts ...holdfast.LockOption) (conformance.RWLocker, error) {
+			s, _ := session(t)
+			rw, err := NewRWMutex(s, name, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return conformance.AsRWLocker[*Grant](rw), nil
+		},
 		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
 			s, f := session(t)
 			e, err := NewElection(s, name)

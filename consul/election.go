@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/internal/mutant"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // Election is a leader election on Consul, on Consul's documented pattern:
@@ -126,10 +126,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 		return err
 	}
 	s := e.m.s
-	var ops api.TxnOps
-	if !mutant.On("consul/proclaim-check-session") {
-		ops = append(ops, g.Guard()...)
-	}
+	ops := proclaimGuard(g)
 	// An acquire by the holder keeps the key's session, CreateIndex and
 	// LockIndex (a plain set would zero LockIndex), and fails if another
 	// session holds the key.
@@ -249,20 +246,17 @@ func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
 	var last holdfast.Leader
 	first := true
 	var index uint64
-	pause := minPause
 	for ctx.Err() == nil {
-		qctx, cancel := context.WithTimeout(ctx, blockTimeout(blockWait))
-		q := &api.QueryOptions{WaitIndex: index, WaitTime: blockWait}
-		kv, meta, err := e.m.s.client.KV().Get(e.m.lockKey, q.WithContext(qctx))
-		cancel()
+		var kv *api.KVPair
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(blockWait)}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: index, WaitTime: blockWait}
+			kv, meta, err = e.m.s.client.KV().Get(e.m.lockKey, q.WithContext(ctx))
+			return err
+		})
 		if err != nil {
-			if !sleep(ctx, pause) {
-				return
-			}
-			pause = min(2*pause, maxPause)
-			continue
+			return
 		}
-		pause = minPause
 		if meta.LastIndex < index {
 			index = 0 // Consul's index went back (a restored snapshot): start over
 		} else {

@@ -4,7 +4,7 @@ package consul
 
 import "github.com/hashicorp/consul/api"
 
-// The guards of a Mutex's grant (docs/GUARDS.md), as the algorithms use
+// The guards of the Consul backend (docs/GUARDS.md), as the algorithms use
 // them. The build with the tag holdfast_mutants can remove each one (see
 // guards_mutants.go); a normal build pays nothing for that.
 
@@ -26,3 +26,44 @@ func txnGuard(key, session string) api.TxnOps {
 func nextGuard(w waiter) api.TxnOps {
 	return api.TxnOps{checkSession(w.key, w.session), checkIndex(w.key, w.index)}
 }
+
+// claimGuard is the check that the claim's own session holds its key,
+// first in Claim.Txn (guard consul/claim-check-session).
+func claimGuard(c *Claim) api.TxnOps { return c.Guard() }
+
+// proclaimGuard is the check that our session holds the leader's key,
+// first in Election.Proclaim (guard consul/proclaim-check-session).
+func proclaimGuard(g *Grant) api.TxnOps { return g.Guard() }
+
+// multiPartGuard is the check that our session holds part p's lock key, one
+// per part in MultiGrant.Txn (guard consul/multi-txn-check-session).
+func multiPartGuard(p *Grant, last bool) api.TxnOps { return p.Guard() }
+
+// permitReleaseGuard is the check that session holds our contender key,
+// first in a permit's release and Downgrade (guard
+// consul/permit-release-check-session).
+func permitReleaseGuard(key, session string) api.TxnOps {
+	return api.TxnOps{checkSession(key, session)}
+}
+
+// permitCAS is the verb of every write of a Semaphore's or RWMutex's lock
+// key: a check-and-set on the index it was read at (guard
+// consul/permit-cas).
+func permitCAS() api.KVOp { return api.KVCAS }
+
+// writerAlone says that an RWMutex's writer is admitted only when nobody
+// holds the lock (guard consul/rwmutex-writer-alone).
+func writerAlone() bool { return true }
+
+// prunable reports whether holder h of a permit's lock key may be pruned:
+// only if its session holds no key under the name (guard
+// consul/permit-prune-dead-only).
+func prunable(live map[string]bool, h string) bool { return !live[h] }
+
+// keyCheck says that the session checks its held lock keys after every
+// renewal (guard consul/key-check).
+func keyCheck() bool { return true }
+
+// sessionWatch says that the session follows itself with a blocking query
+// (guard consul/session-watch).
+func sessionWatch() bool { return true }

@@ -31,3 +31,48 @@ func nextGuard(w waiter) api.TxnOps {
 	}
 	return api.TxnOps{checkSession(w.key, w.session), checkIndex(w.key, w.index)}
 }
+
+func claimGuard(c *Claim) api.TxnOps {
+	if mutant.On("consul/claim-check-session") {
+		return nil
+	}
+	return c.Guard()
+}
+
+func proclaimGuard(g *Grant) api.TxnOps {
+	if mutant.On("consul/proclaim-check-session") {
+		return nil
+	}
+	return g.Guard()
+}
+
+func multiPartGuard(p *Grant, last bool) api.TxnOps {
+	if last && mutant.On("consul/multi-txn-check-session") {
+		return nil // the last part unguarded
+	}
+	return p.Guard()
+}
+
+func permitReleaseGuard(key, session string) api.TxnOps {
+	if mutant.On("consul/permit-release-check-session") {
+		return nil
+	}
+	return api.TxnOps{checkSession(key, session)}
+}
+
+func permitCAS() api.KVOp {
+	if mutant.On("consul/permit-cas") {
+		return api.KVSet
+	}
+	return api.KVCAS
+}
+
+func writerAlone() bool { return !mutant.On("consul/rwmutex-writer-alone") }
+
+func prunable(live map[string]bool, h string) bool {
+	return !live[h] || mutant.On("consul/permit-prune-dead-only")
+}
+
+func keyCheck() bool { return !mutant.On("consul/key-check") }
+
+func sessionWatch() bool { return !mutant.On("consul/session-watch") }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // MultiMutex locks a set of names as one grant. Each name is an ordinary
@@ -150,10 +149,7 @@ func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse,
 		if err := p.checkOps(ops); err != nil {
 			return nil, err
 		}
-		if i == len(parts)-1 && mutant.On("consul/multi-txn-check-session") {
-			break // the last part unguarded
-		}
-		guard = append(guard, p.Guard()...)
+		guard = append(guard, multiPartGuard(p, i == len(parts)-1)...)
 	}
 	if !g.multi.Held() {
 		return nil, g.multi.NotHeld()

@@ -14,7 +14,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // This file is the engine that Semaphore and RWMutex share: permits counted
@@ -46,10 +45,6 @@ const (
 	// keeps the write grant's token).
 	valDowngraded = "holdfast held, downgraded"
 )
-
-// Test hooks (nil outside tests): after TryLock's read, and after a
-// release's read, before the write.
-var testHookTryRead, testHookLeaveRead func(p *permits)
 
 // maxLeaveAttempts bounds the attempts of one release or cleanup before it
 // reports errStale (and core.Retry tries again after a pause).
@@ -127,7 +122,7 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 	if !p.rw() {
 		return len(st.holders) < p.limit
 	}
-	if exclusive && !mutant.On("consul/rwmutex-writer-alone") {
+	if exclusive && writerAlone() {
 		return len(st.holders) == 0
 	}
 	for _, x := range st.holders {
@@ -209,7 +204,7 @@ func (p *permits) parse(results []*api.TxnResult) pview {
 		st = permitState{limit: p.limit, holders: map[string]bool{}}
 	}
 	for h := range st.holders {
-		if !live[h] || mutant.On("consul/permit-prune-dead-only") {
+		if prunable(live, h) {
 			delete(st.holders, h)
 		}
 	}
@@ -301,10 +296,7 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	if v.lock != nil {
 		index = v.lock.ModifyIndex
 	}
-	verb := api.KVCAS
-	if mutant.On("consul/permit-cas") {
-		verb = api.KVSet
-	}
+	verb := permitCAS()
 	value := p.encode(st)
 	if v.lock != nil && string(value) == string(v.lock.Value) {
 		// Consul does not move the index of a write that changes nothing:
@@ -404,7 +396,10 @@ func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
 
 // backoff is the pause before attempt (from 1) of a release that lost a
 // race for the lock key: random, up to 2^attempt ms, so that holders
-// releasing at once do not collide again.
+// releasing at once do not collide again. It is not core.Backoff on
+// purpose: a lost race is answered by a fresh read within milliseconds (50
+// ms would stall every contended release), and a store error is not
+// retried here but by the caller (core.Retry in cleanup, Unlock).
 func backoff(attempt int) time.Duration {
 	return time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 }
@@ -451,9 +446,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 				return 0, err
 			}
 			v = &r
-			if testHookLeaveRead != nil {
-				testHookLeaveRead(p)
-			}
+			hookLeaveRead(p)
 		}
 		if v.me == nil {
 			if how == leaveCleanup {
@@ -461,10 +454,7 @@ func (p *permits) leave(ctx context.Context, v *pview, how leaveMode) (uint64, e
 			}
 			return 0, fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
 		}
-		var ops api.TxnOps
-		if !mutant.On("consul/permit-release-check-session") {
-			ops = append(ops, checkSession(p.myKey, p.s.id))
-		}
+		ops := permitReleaseGuard(p.myKey, p.s.id)
 		held := len(ops)
 		after := false // read the subtree after the writes, and passOn
 		_, in := v.st.holders[p.s.id]
@@ -719,8 +709,8 @@ func (p *permits) fail(ctx, wctx context.Context, err error) error {
 func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
 	v, err := p.read(ctx)
-	if testHookTryRead != nil && err == nil {
-		testHookTryRead(p)
+	if err == nil {
+		hookTryRead(p)
 	}
 	switch {
 	case err != nil:

@@ -17,7 +17,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 const (
@@ -48,9 +47,9 @@ const (
 	monitorWait = 10 * time.Second
 	// closeTimeout bounds the requests Close makes.
 	closeTimeout = 10 * time.Second
-	// minPause and maxPause bound the pause before a failed background
-	// request (renewal, session watch) is retried; it doubles from one to
-	// the other.
+	// minPause and maxPause bound the pause of queue.go's wait loop
+	// before a failed read is retried (the other loops use core.Backoff,
+	// whose pauses these match).
 	minPause = 50 * time.Millisecond
 	maxPause = time.Second
 	// maxDelayCache bounds the cache of other sessions' lock-delays.
@@ -376,17 +375,16 @@ func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1)
 
 func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }
 
-// renew renews the session every TTL/3, and retries a failed renewal quickly
-// (50 ms, doubling up to 1 s) until the keeper's deadline ends the session;
-// each attempt times out at that deadline, or after requestTimeout. Each
-// acknowledged renewal moves the deadline to its send time + TTL - margin,
-// and is followed by a check of the held keys (see checkKeys), which also
-// runs when asked through checkNow. An answer that the session does not
-// exist ends it at once.
+// renew renews the session every TTL/3, and retries a failed renewal with
+// the backends' one backoff (core.Backoff) until the keeper's deadline ends
+// the session; each attempt times out at that deadline, or after
+// requestTimeout. Each acknowledged renewal moves the deadline to its send
+// time + TTL - margin, and is followed by a check of the held keys (see
+// checkKeys), which also runs when asked through checkNow. An answer that
+// the session does not exist ends it at once.
 func (s *Session) renew(ctx context.Context) {
 	defer s.tasks.Done()
 	period := s.cfg.ttl / 3
-	pause := minPause
 	timer := time.NewTimer(period)
 	defer timer.Stop()
 	for {
@@ -400,27 +398,35 @@ func (s *Session) renew(ctx context.Context) {
 			continue
 		case <-timer.C:
 		}
-		sent := time.Now()
-		deadline := s.keeper.Deadline()
-		if d := sent.Add(requestTimeout); d.Before(deadline) {
-			deadline = d
-		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		ttl, err := s.renewOnce(rctx)
+		var sent time.Time
+		rctx, cancel := s.bind(ctx)
+		err := core.Backoff{Final: func(err error) bool { return errors.Is(err, errSessionGone) }}.Retry(rctx, func(ctx context.Context) error {
+			sent = time.Now()
+			deadline := s.keeper.Deadline()
+			if d := sent.Add(requestTimeout); d.Before(deadline) {
+				deadline = d
+			}
+			ctx, cancel := context.WithDeadline(ctx, deadline)
+			ttl, err := s.renewOnce(ctx)
+			cancel()
+			switch {
+			case err == nil:
+				s.keeper.Renewed(sent, ttl, s.cfg.margin)
+			case !errors.Is(err, errSessionGone):
+				s.keeper.RenewalFailed(fmt.Errorf("holdfast/consul: renew session %s: %w", s.id, err))
+			}
+			return err
+		})
 		cancel()
 		switch {
 		case err == nil:
-			s.keeper.Renewed(sent, ttl, s.cfg.margin)
-			pause = minPause
 			s.checkKeys(ctx, period/2) // never delays the next renewal
 			timer.Reset(period - time.Since(sent))
 		case errors.Is(err, errSessionGone):
 			s.keeper.End(sessionLost(s.id, "does not exist any more (renewal answered 404)"))
 			return
 		default:
-			s.keeper.RenewalFailed(fmt.Errorf("holdfast/consul: renew session %s: %w", s.id, err))
-			timer.Reset(pause)
-			pause = min(2*pause, maxPause)
+			return // the session ended (ctx or the keeper's deadline)
 		}
 	}
 }
@@ -460,7 +466,7 @@ func (s *Session) checkSoon() {
 // cause wrapping holdfast.ErrLost. Errors are ignored: the next check, or
 // the keeper's deadline, covers them. It takes at most limit.
 func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
-	if mutant.On("consul/key-check") {
+	if !keyCheck() {
 		return
 	}
 	s.mu.Lock()
@@ -491,29 +497,29 @@ func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 // watch follows the session with a blocking query, so that a session
 // destroyed or invalidated in Consul ends at once here, rather than at the
 // next renewal. Errors never end the session (the keeper's deadline does
-// that): transient ones are retried, and a refusal (an ACL without
-// session:read, say) stops the watch, leaving the renewals alone in charge.
+// that): transient ones are retried (core.Backoff), and a refusal (an ACL
+// without session:read, say) stops the watch, leaving the renewals alone in
+// charge.
 func (s *Session) watch(ctx context.Context) {
 	defer s.tasks.Done()
-	if mutant.On("consul/session-watch") {
+	if !sessionWatch() {
 		return
 	}
+	ctx, cancel := s.bind(ctx)
+	defer cancel()
+	refused := func(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
 	var index uint64
-	pause := minPause
-	for ctx.Err() == nil && s.keeper.Err() == nil {
-		qctx, cancel := context.WithTimeout(ctx, blockTimeout(monitorWait))
-		q := &api.QueryOptions{WaitIndex: index, WaitTime: monitorWait}
-		entry, meta, err := s.client.Session().Info(s.id, q.WithContext(qctx))
-		cancel()
-		if code := statusCode(err); code >= 400 && code < 500 {
+	for {
+		var entry *api.SessionEntry
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(monitorWait), Final: refused}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: index, WaitTime: monitorWait}
+			entry, meta, err = s.client.Session().Info(s.id, q.WithContext(ctx))
+			return err
+		})
+		if err != nil {
 			return
 		}
-		if err != nil {
-			sleep(ctx, pause)
-			pause = min(2*pause, maxPause)
-			continue
-		}
-		pause = minPause
 		if entry == nil {
 			s.keeper.End(sessionLost(s.id, "was destroyed or invalidated"))
 			return

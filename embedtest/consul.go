@@ -20,6 +20,8 @@ import (
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/holdfast/holdfast/embedtest/internal/testserver"
 )
 
 const (
@@ -50,7 +52,7 @@ var (
 // source file's directory, then from the working directory.
 func ConsulBinary() (string, error) {
 	if env := os.Getenv("CONSUL_BIN"); env != "" {
-		if err := checkExecutable(env); err != nil {
+		if err := testserver.CheckExecutable(env); err != nil {
 			return "", fmt.Errorf("embedtest: CONSUL_BIN: %w", err)
 		}
 		return env, nil
@@ -70,29 +72,18 @@ func ConsulBinary() (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("embedtest: %s failed: %w\n%s", script, err, tail(stderr.String(), 4096))
+		return "", fmt.Errorf("embedtest: %s failed: %w\n%s", script, err, testserver.Tail(stderr.String(), 4096))
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	bin := strings.TrimSpace(lines[len(lines)-1])
 	if bin == "" {
-		return "", fmt.Errorf("embedtest: %s printed no path\n%s", script, tail(stderr.String(), 4096))
+		return "", fmt.Errorf("embedtest: %s printed no path\n%s", script, testserver.Tail(stderr.String(), 4096))
 	}
-	if err := checkExecutable(bin); err != nil {
+	if err := testserver.CheckExecutable(bin); err != nil {
 		return "", fmt.Errorf("embedtest: %s: %w", script, err)
 	}
 	consulBin = bin
 	return bin, nil
-}
-
-func checkExecutable(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("%s is not an executable file", path)
-	}
-	return nil
 }
 
 // repoRoot finds the directory holding go.mod and scripts/consul.sh, from
@@ -170,7 +161,7 @@ type ConsulAgent struct {
 	dir    string
 	ports  []int
 	cmd    *exec.Cmd
-	out    *tailBuffer
+	out    *testserver.TailBuffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // the process's exit error, set before exited is closed
 
@@ -197,29 +188,29 @@ func StartConsul(opts ...ConsulOption) (*ConsulAgent, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		a, err := startConsul(bin, o)
-		if err == nil || !isAddrInUse(err) || attempt >= consulStartAttempts {
+		if err == nil || !testserver.IsAddrInUse(err) || attempt >= consulStartAttempts {
 			return a, err
 		}
 	}
 }
 
 func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
-	ports, err := freePorts(4, true) // http, server, serf_lan, serf_wan
+	ports, err := testserver.FreePorts(4, true) // http, server, serf_lan, serf_wan
 	if err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "holdfast-consul-")
 	if err != nil {
-		releasePorts(ports)
+		testserver.ReleasePorts(ports)
 		return nil, fmt.Errorf("embedtest: consul dir: %w", err)
 	}
 	a := &ConsulAgent{
 		HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
 		Scheme:   "http",
-		NodeName: "holdfast-" + randomHex(6),
+		NodeName: "holdfast-" + testserver.RandomHex(6),
 		dir:      dir,
 		ports:    ports,
-		out:      &tailBuffer{max: consulOutputTail},
+		out:      &testserver.TailBuffer{Max: consulOutputTail},
 		exited:   make(chan struct{}),
 	}
 	if o.acl {
@@ -507,37 +498,7 @@ func (a *ConsulAgent) Close() {
 
 func (a *ConsulAgent) cleanup() {
 	os.RemoveAll(a.dir)
-	releasePorts(a.ports)
-}
-
-// tailBuffer is an io.Writer keeping the last max bytes written.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - b.max; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
+	testserver.ReleasePorts(a.ports)
 }
 
 // randomUUID returns a random (version 4) UUID, the format Consul requires

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast/embedtest/internal/testserver"
 )
 
 // consulClusterReady bounds how long a cluster (or a restarted server) may
@@ -41,7 +43,7 @@ type consulServer struct {
 	ports []int // http, server, serf_lan, serf_wan
 	cfg   string
 	cmd   *exec.Cmd
-	out   *tailBuffer
+	out   *testserver.TailBuffer
 	done  chan struct{}
 }
 
@@ -62,12 +64,12 @@ func StartConsulCluster(n int) (*ConsulCluster, error) {
 	}
 	c := &ConsulCluster{dir: dir, bin: bin}
 	for i := range n {
-		ports, err := freePorts(4, true)
+		ports, err := testserver.FreePorts(4, true)
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
-		c.servers = append(c.servers, &consulServer{name: fmt.Sprintf("holdfast-server-%d-%s", i, randomHex(4)), ports: ports})
+		c.servers = append(c.servers, &consulServer{name: fmt.Sprintf("holdfast-server-%d-%s", i, testserver.RandomHex(4)), ports: ports})
 	}
 	for i, s := range c.servers {
 		var join []string
@@ -131,7 +133,7 @@ func ConsulServers(t testing.TB, n int) *ConsulCluster {
 
 func (c *ConsulCluster) start(i int) error {
 	s := c.servers[i]
-	s.out = &tailBuffer{max: consulOutputTail}
+	s.out = &testserver.TailBuffer{Max: consulOutputTail}
 	s.done = make(chan struct{})
 	s.cmd = exec.Command(c.bin, "agent", "-config-file="+s.cfg)
 	s.cmd.Dir = c.dir
@@ -311,7 +313,7 @@ func (c *ConsulCluster) output() string {
 	var b strings.Builder
 	for i, s := range c.servers {
 		if s.out != nil {
-			fmt.Fprintf(&b, "--- consul server %d:\n%s\n", i, tail(s.out.String(), 2000))
+			fmt.Fprintf(&b, "--- consul server %d:\n%s\n", i, testserver.Tail(s.out.String(), 2000))
 		}
 	}
 	return b.String()
@@ -330,7 +332,7 @@ func (c *ConsulCluster) Close() {
 		if c.running(i) {
 			_ = c.Kill(i)
 		}
-		releasePorts(s.ports)
+		testserver.ReleasePorts(s.ports)
 	}
 	os.RemoveAll(c.dir)
 }

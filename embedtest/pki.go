@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast/embedtest/internal/testserver"
 )
 
 // PKI is a certificate authority generated for a test, with a server
@@ -48,7 +50,7 @@ func NewPKI(dir string) (*PKI, error) {
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "holdfast test CA " + randomHex(4)},
+		Subject:               pkix.Name{CommonName: "holdfast test CA " + testserver.RandomHex(4)},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
 		IsCA:                  true,

@@ -2,15 +2,16 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/mutant"
 )
 
@@ -290,25 +291,14 @@ func (e *Election) follow(ctx context.Context, in chan<- holdfast.Leader) {
 			return false
 		}
 	}
-	pause := 20 * time.Millisecond
-	backoff := func() bool {
-		t := time.NewTimer(pause)
-		defer t.Stop()
-		pause = min(2*pause, time.Second)
-		select {
-		case <-t.C:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
 	for ctx.Err() == nil {
-		resp, err := e.s.client.Get(ctx, pfx, clientv3.WithPrefix())
+		var resp *clientv3.GetResponse
+		err := core.Backoff{}.Retry(ctx, func(ctx context.Context) (err error) {
+			resp, err = e.s.client.Get(ctx, pfx, clientv3.WithPrefix())
+			return err
+		})
 		if err != nil {
-			if !backoff() {
-				return
-			}
-			continue
+			return
 		}
 		c := contenders{}
 		for _, kv := range resp.Kvs {
@@ -318,48 +308,58 @@ func (e *Election) follow(ctx context.Context, in chan<- holdfast.Leader) {
 			return
 		}
 		rev := resp.Header.Revision
-		for { // watch from rev+1 until compacted
-			compacted := false
-			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-			for wr := range e.s.client.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(observeFrom(rev))) {
-				if wr.CompactRevision != 0 {
-					compacted = true
-					break
+		compacted := false
+		for !compacted { // watch from rev+1 until compacted, then read again
+			err := core.Backoff{}.Retry(ctx, func(ctx context.Context) error {
+				var delivered bool
+				compacted, delivered = e.watch(ctx, pfx, c, &rev, emit)
+				if ctx.Err() == nil && (compacted || delivered) {
+					return nil // a watch that delivered starts the backoff afresh
 				}
-				if wr.Canceled {
-					break
-				}
-				for i, ev := range wr.Events {
-					if ev.Type == mvccpb.DELETE {
-						delete(c, string(ev.Kv.Key))
-					} else {
-						c.put(pfx, ev.Kv)
-					}
-					rev = ev.Kv.ModRevision
-					// One revision may hold several events (a revoked
-					// lease deletes all its keys at once): the leader is
-					// the one after the last of them.
-					if i == len(wr.Events)-1 || wr.Events[i+1].Kv.ModRevision != rev {
-						if !emit(c.leader()) {
-							cancel()
-							return
-						}
-					}
-				}
-				pause = 20 * time.Millisecond
-			}
-			cancel()
-			if ctx.Err() != nil {
-				return
-			}
-			if compacted {
-				break // read again
-			}
-			if !backoff() { // the member lost its leader, say: watch again
+				return errWatchBroke // the member lost its leader, say: watch again
+			})
+			if err != nil || ctx.Err() != nil {
 				return
 			}
 		}
 	}
+}
+
+var errWatchBroke = errors.New("watch broke")
+
+// watch follows the events under pfx after revision *rev on one watch
+// stream, keeping c, *rev and the leader (emit) up to date, until the
+// stream ends. It reports whether etcd compacted the revisions it needs,
+// and whether the stream delivered anything.
+func (e *Election) watch(ctx context.Context, pfx string, c contenders, rev *int64, emit func(holdfast.Leader) bool) (compacted, delivered bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range e.s.client.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(observeFrom(*rev))) {
+		if wr.CompactRevision != 0 {
+			return true, delivered
+		}
+		if wr.Canceled {
+			return false, delivered
+		}
+		for i, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				delete(c, string(ev.Kv.Key))
+			} else {
+				c.put(pfx, ev.Kv)
+			}
+			*rev = ev.Kv.ModRevision
+			// One revision may hold several events (a revoked lease
+			// deletes all its keys at once): the leader is the one after
+			// the last of them.
+			if i == len(wr.Events)-1 || wr.Events[i+1].Kv.ModRevision != *rev {
+				if !emit(c.leader()) {
+					return false, delivered
+				}
+			}
+		}
+		delivered = true
+	}
+	return false, delivered
 }
 
 // observeFrom is the revision Observe's watch starts from after the

@@ -262,27 +262,14 @@ func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clien
 	return resp, nil
 }
 
-// retry calls attempt until it succeeds, fails with a final error (see
-// core.Final: a refusal, the session's lease gone), or ctx ends, pausing 20 ms, then twice as long each time, up
-// to 1 s: transport errors and the server's timeouts (a leader election, a
-// slow disk) are ridden out while the caller waits. It returns the last
-// error, mapped by storeErr.
+// retry calls attempt, which runs under the caller's ctx, until it succeeds,
+// fails with a final error (see core.Final: a refusal, the session's lease
+// gone), or ctx ends, with the backends' one backoff (core.Backoff):
+// transport errors and the server's timeouts (a leader election, a slow
+// disk) are ridden out while the caller waits. It returns the final error
+// mapped by storeErr, or ctx's cause.
 func retry(ctx context.Context, attempt func() error) error {
-	pause := 20 * time.Millisecond
-	for {
-		err := storeErr(attempt())
-		if err == nil || ctx.Err() != nil || core.Final(err) {
-			return err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-			pause = min(2*pause, time.Second)
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-	}
+	return core.Backoff{}.Retry(ctx, func(context.Context) error { return storeErr(attempt()) })
 }
 
 // cleanup removes our key after a failed acquisition, as a background task

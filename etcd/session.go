@@ -31,7 +31,7 @@ const (
 const DefaultConnectTimeout = 5 * time.Second
 
 const (
-	// retryPause is how soon a failed renewal is retried.
+	// retryPause is the longest pause before a failed renewal is retried.
 	retryPause = 100 * time.Millisecond
 	// maxRenewAttempt bounds one keepalive attempt (with TTL/3 if shorter),
 	// so that an attempt stuck on a frozen member gives way to the next one,
@@ -260,11 +260,10 @@ func grantedTTL(asked time.Duration, answered int64) time.Duration {
 	return asked
 }
 
-// renew sends a keepalive every TTL/3 and retries failed ones quickly, until
-// the session ends. Each acknowledged keepalive moves the local deadline to
-// its send time + TTL - margin. Each attempt is bounded by TTL/3 (at most
-// maxRenewAttempt): one that landed on a frozen member gives up in time for
-// the next, which the client's balancer sends to another member.
+// renew sends a keepalive every TTL/3 and retries failed ones with the
+// backends' one backoff (core.Backoff, pauses capped at retryPause: the
+// deadline is near), until the session ends. Each acknowledged keepalive
+// moves the local deadline to its send time + TTL - margin.
 func (s *Session) renew(ctx context.Context) {
 	defer close(s.renewDone)
 	period := s.cfg.ttl / 3
@@ -281,24 +280,42 @@ func (s *Session) renew(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		sent := time.Now()
-		attempt := min(s.cfg.ttl/3, maxRenewAttempt)
-		kctx, cancel := context.WithDeadline(ctx, minTime(s.keeper.Deadline(), sent.Add(attempt)))
-		resp, err := s.client.KeepAliveOnce(kctx, s.lease)
-		cancel()
-		next := period
-		switch {
-		case err == nil:
-			s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.margin)
-		case errors.Is(storeErr(err), holdfast.ErrSessionLost):
-			s.keeper.End(fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease)))
+		rctx, stop := bindContext(ctx, s.keeper.Context())
+		rctx, stop2 := bindContext(rctx, s.client.Ctx())
+		err := core.Backoff{Max: retryPause, Final: func(err error) bool {
+			return errors.Is(err, holdfast.ErrSessionLost)
+		}}.Retry(rctx, s.keepAlive)
+		stop2()
+		stop()
+		if errors.Is(err, holdfast.ErrSessionLost) {
+			s.keeper.End(err)
 			return
-		default:
-			s.keeper.RenewalFailed(fmt.Errorf("holdfast/etcd: keepalive of lease %x: %w", int64(s.lease), storeErr(err)))
-			next = retryPause // the keeper's deadline ends the session if this goes on
 		}
-		timer.Reset(next)
+		timer.Reset(period)
 	}
+}
+
+// keepAlive sends one keepalive, bounded by TTL/3 (at most
+// maxRenewAttempt) and by the keeper's deadline: one that landed on a
+// frozen member gives up in time for the next, which the client's balancer
+// sends to another member. It returns an error wrapping
+// holdfast.ErrSessionLost if the lease is gone.
+func (s *Session) keepAlive(ctx context.Context) error {
+	sent := time.Now()
+	attempt := min(s.cfg.ttl/3, maxRenewAttempt)
+	kctx, cancel := context.WithDeadline(ctx, minTime(s.keeper.Deadline(), sent.Add(attempt)))
+	resp, err := s.client.KeepAliveOnce(kctx, s.lease)
+	cancel()
+	switch {
+	case err == nil:
+		s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.margin)
+		return nil
+	case errors.Is(storeErr(err), holdfast.ErrSessionLost):
+		return fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease))
+	}
+	err = fmt.Errorf("holdfast/etcd: keepalive of lease %x: %w", int64(s.lease), storeErr(err))
+	s.keeper.RenewalFailed(err) // the keeper's deadline ends the session if this goes on
+	return err
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -102,25 +103,27 @@ func (w *watcher) signal() {
 }
 
 // run keeps a watch stream open while the session lives, reconnecting with
-// backoff (50 ms doubling to 1 s) when it breaks.
+// the backends' one backoff (core.Backoff) when it breaks; a stream that
+// lasted streamLasted starts the backoff afresh.
 func (w *watcher) run(ctx context.Context) {
 	defer close(w.done)
-	pause := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		start := time.Now()
-		w.stream(ctx)
-		if time.Since(start) > 5*time.Second {
-			pause = 50 * time.Millisecond
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		pause = min(2*pause, time.Second)
+		_ = core.Backoff{}.Retry(ctx, func(ctx context.Context) error {
+			start := time.Now()
+			w.stream(ctx)
+			if time.Since(start) > streamLasted {
+				return nil
+			}
+			return errStreamBroke
+		})
 	}
 }
+
+// streamLasted is how long a watch stream must have run for its end to
+// count as a new failure rather than one more of a series.
+const streamLasted = 5 * time.Second
+
+var errStreamBroke = errors.New("watch stream broke")
 
 // stream runs one watch stream until it fails or ctx ends. The stream
 // requires a leader: a member cut off from the quorum closes it, and the

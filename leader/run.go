@@ -14,8 +14,9 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultRetryMin is the first pause after a failed campaign.
-	DefaultRetryMin = 100 * time.Millisecond
+	// DefaultRetryMin is the first pause after a failed campaign (the
+	// first pause of every retry in holdfast).
+	DefaultRetryMin = core.RetryFirstPause
 	// DefaultRetryMax bounds the pause after failed campaigns (it doubles
 	// from RetryMin).
 	DefaultRetryMax = 5 * time.Second
@@ -143,23 +144,19 @@ func Run[G holdfast.Grant](ctx context.Context, c Candidate[G], cfg Config[G]) e
 			}
 		}()
 	}
-	pause := cfg.RetryMin
+	backoff := core.Backoff{First: cfg.RetryMin, Max: cfg.RetryMax, Final: final}
 	for ctx.Err() == nil {
-		g, err := c.Campaign(ctx, cfg.Value)
+		var g G
+		err := backoff.Retry(ctx, func(ctx context.Context) (err error) {
+			g, err = c.Campaign(ctx, cfg.Value)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if final(err) {
-				return fmt.Errorf("leader.Run %s: %w", c.Name(), err)
-			}
-			if !sleep(ctx, pause) {
-				return nil
-			}
-			pause = min(2*pause, cfg.RetryMax)
-			continue
+			return fmt.Errorf("leader.Run %s: %w", c.Name(), err)
 		}
-		pause = cfg.RetryMin
 		lead(ctx, g, &cfg)
 		if ctx.Err() == nil && g.Context().Err() != nil && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 			// OnStartedLeading returned while leading: pause before the

@@ -3,11 +3,13 @@
 # works once a release is tagged (README, "Getting started").
 #
 # It does what a release does, into a module proxy on disk instead of a
-# repository: the library at v0.0.0-installcheck..., cmd/holdfast/go.mod's
-# require set to that version (its only edit; no replace directive), both
-# modules zipped as the proxy serves them. Then, from outside any module,
-# go install ...@that version must build a binary that runs. Every other
-# module comes from the usual proxy.
+# repository: every module of the repository that the command needs (the
+# library, embedtest/etcdtest for `holdfast dev` and the demo, the command)
+# at v0.0.1-installcheck, each go.mod's requires of the repository's modules
+# set to that version (their only edit; no replace directive), zipped as the
+# proxy serves them. Then, from outside any module, go install ...@that
+# version must build a binary that runs. Every other module comes from the
+# usual proxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -19,9 +21,18 @@ trap 'rm -rf "$tmp"' EXIT
 # The committed tree, as a tag would publish it.
 mkdir -p "$tmp/src"
 git archive HEAD | tar x -C "$tmp/src"
-(cd "$tmp/src/cmd/holdfast" &&
-  grep -q '^replace' go.mod && { echo "installcheck: cmd/holdfast/go.mod has a replace directive: go install @version refuses it" >&2; exit 1; }
-  go mod edit -require "github.com/holdfast/holdfast@$ver")
+# The published modules (directories): the command and every repository
+# module it requires.
+pub=". embedtest/etcdtest cmd/holdfast"
+for d in $pub; do
+  (cd "$tmp/src/$d" &&
+    { ! grep -q '^replace' go.mod || { echo "installcheck: $d/go.mod has a replace directive: go install @version refuses it" >&2; exit 1; }; } &&
+    for r in $(grep -o '^\s*github\.com/holdfast/holdfast[^ ]* v0\.0\.0-00010101000000-000000000000' go.mod | awk '{print $1}'); do
+      rd=${r#github.com/holdfast/holdfast}; rd=${rd#/}; rd=${rd:-.}
+      case " $pub " in *" $rd "*) ;; *) echo "installcheck: $d requires $r, which this script does not publish: add $rd to pub" >&2; exit 1 ;; esac
+      go mod edit -require "$r@$ver"
+    done)
+done
 
 mkdir -p "$tmp/tool"
 cat >"$tmp/tool/go.mod" <<'EOM'
@@ -69,8 +80,10 @@ func check(err error) {
 }
 EOM
 (cd "$tmp/tool" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 && go build -o mkproxy .)
-"$tmp/tool/mkproxy" "$tmp/proxy" github.com/holdfast/holdfast "$ver" "$tmp/src"
-"$tmp/tool/mkproxy" "$tmp/proxy" github.com/holdfast/holdfast/cmd/holdfast "$ver" "$tmp/src/cmd/holdfast"
+for d in $pub; do
+  path=github.com/holdfast/holdfast; [ "$d" = . ] || path=$path/$d
+  "$tmp/tool/mkproxy" "$tmp/proxy" "$path" "$ver" "$tmp/src/$d"
+done
 
 start=$(date +%s)
 (cd "$tmp" && GOPROXY="file://$tmp/proxy,$(go env GOPROXY)" GONOSUMDB=github.com/holdfast GOBIN="$tmp/bin" \

@@ -18,23 +18,23 @@ if [ -z "${CONSUL_BIN:-}" ]; then CONSUL_BIN=$(./scripts/consul.sh) || exit 1; e
 # in most runs only.
 table='
 core/margin|./internal/core/|TestKeeperExpiresAtSentPlusTTLMinusMargin|TestGrantAccessors
-core/margin|./etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBeforeNextGrant
+core/margin|./tests/etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBeforeNextGrant
 core/margin|./cmd/holdfast/internal/safety/|TestSlowClockMargin
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
-etcd/release-guard|./etcd/|TestStaleUnlockLeavesNewerKey
+etcd/release-guard|./tests/etcd/|TestStaleUnlockLeavesNewerKey
 etcd/release-guard|./cmd/holdfast/internal/safety/|TestHolderKeyDeleted
-etcd/txn-guard|./etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
-etcd/txn-guard|./leader/|TestManyFailoversEtcd
-etcd/recheck-own-key|./etcd/|TestWaiterKeyDeleted
+etcd/txn-guard|./tests/etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
+etcd/txn-guard|./tests/leader/|TestManyFailoversEtcd
+etcd/recheck-own-key|./tests/etcd/|TestWaiterKeyDeleted
 etcd/recheck-own-key|./cmd/holdfast/internal/safety/|TestWaiterKeysDeleted
-etcd/watch-now|./etcd/|TestHandoffNoStall
-etcd/semaphore-count|./etcd/|TestSemaphoreCountsOnlyKeysAhead
-etcd/semaphore-own-key|./etcd/|TestSemaphoreWaiterKeyDeleted
-etcd/semaphore-limit|./etcd/|TestSemaphoreLimitMismatch
-etcd/rw-downgrade-in-place|./etcd/|TestRWMutexDowngradeKeepsWriterWaiting
-etcd/rw-write-key-untouched|./etcd/|TestRWMutexRecipeInterop
-etcd/rw-marker-check|./etcd/|TestRWMutexStaleMarker
-etcd/proclaim-guard|./etcd/|TestProclaimGuarded
+etcd/watch-now|./tests/etcd/|TestHandoffNoStall
+etcd/semaphore-count|./tests/etcd/|TestSemaphoreCountsOnlyKeysAhead
+etcd/semaphore-own-key|./tests/etcd/|TestSemaphoreWaiterKeyDeleted
+etcd/semaphore-limit|./tests/etcd/|TestSemaphoreLimitMismatch
+etcd/rw-downgrade-in-place|./tests/etcd/|TestRWMutexDowngradeKeepsWriterWaiting
+etcd/rw-write-key-untouched|./tests/etcd/|TestRWMutexRecipeInterop
+etcd/rw-marker-check|./tests/etcd/|TestRWMutexStaleMarker
+etcd/proclaim-guard|./tests/etcd/|TestProclaimGuarded
 consul/release-check-session|./consul/|TestKeyTakenOverNoticed|TestConformance/DeletedKey
 consul/txn-check-session|./consul/|TestGuardedTxn
 consul/proclaim-check-session|./consul/|TestProclaimGuarded
@@ -46,13 +46,13 @@ consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
 consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
 core/multi-order|./internal/core/|TestMultiNames
-core/multi-order|./etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock
+core/multi-order|./tests/etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock
 core/multi-order|./consul/|TestMultiMutexFencedCounters
-etcd/multi-txn-guard|./etcd/|TestMultiGuardedTxn
+etcd/multi-txn-guard|./tests/etcd/|TestMultiGuardedTxn
 consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
 cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand
 cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
-etcd/claim-guard|./etcd/|TestClaimGuardedTxn
+etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 '
 
@@ -65,7 +65,7 @@ while IFS='|' read -r guard pkg run; do
   ran=$((ran + 1))
   start=$(date +%s)
   log="/tmp/holdfast-mutant-${guard//\//_}-$(basename "$pkg").log"
-  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants -count=1 -timeout 10m -run "$run" "$pkg" >"$log" 2>&1; then
+  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants,holdfast_testhooks -count=1 -timeout 10m -run "$run" "$pkg" >"$log" 2>&1; then
     echo "SURVIVED  $guard  in $pkg ($pkg -run '$run' passed without it; log $log)"
     survived=$((survived + 1))
   elif grep -qE 'build failed|setup failed|panic:' "$log"; then

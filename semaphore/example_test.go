@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 	"sync/atomic"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
-	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/semaphore"
 )
 
@@ -17,33 +16,28 @@ import (
 // session of its own) and at most 4, the semaphore's limit, across the
 // fleet.
 func ExampleGroup() {
-	// A throwaway etcd; in real code, dial your cluster.
-	dir, err := os.MkdirTemp("", "holdfast-example")
+	// A throwaway Consul agent; in real code, dial your own.
+	agent, err := embedtest.StartConsul()
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	c, err := embedtest.StartEtcd(dir, 1)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
+	defer agent.Close()
 	ctx := context.Background()
 
 	const slots = 2
 	lockers := make([]holdfast.Locker, slots)
 	for i := range lockers {
-		s, err := etcd.Dial(ctx, c.Endpoints()) // one session per slot
+		s, err := consul.Dial(ctx, agent.HTTPAddr, consul.WithLockDelay(0)) // one session per slot
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer s.Close()
 		// At most 4 encoders across every process, whatever their slots.
-		sem, err := etcd.NewSemaphore(s, "jobs/encode", 4)
+		sem, err := consul.NewSemaphore(s, "jobs/encode", 4)
 		if err != nil {
 			log.Fatal(err)
 		}
-		lockers[i] = holdfast.AsLocker[*etcd.Grant](sem)
+		lockers[i] = holdfast.AsLocker[*consul.Grant](sem)
 	}
 
 	g, err := semaphore.NewGroup(ctx, lockers...)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
@@ -166,7 +167,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (res demoResult,
 	fmt.Fprintln(out)
 
 	t0 := time.Now()
-	cluster, err := embedtest.StartEtcd("", 1)
+	cluster, err := etcdtest.StartEtcd("", 1)
 	if err != nil {
 		return res, fmt.Errorf("start embedded etcd: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/semaphore"
 )
@@ -43,7 +43,7 @@ func (r semaphoreActResult) ok(d semaphoreDemo) bool {
 // semaphoreAct is the demo's second act: several processes' worth of
 // semaphore.Groups run jobs under one etcd semaphore, and the store keeps
 // them to its limit. It prints its timeline to out.
-func semaphoreAct(ctx context.Context, out io.Writer, cluster *embedtest.Cluster, d semaphoreDemo) (res semaphoreActResult, err error) {
+func semaphoreAct(ctx context.Context, out io.Writer, cluster *etcdtest.Cluster, d semaphoreDemo) (res semaphoreActResult, err error) {
 	const name = "holdfast-demo/encoders"
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "Act 2: a semaphore bounds work across processes. %d processes, each a semaphore.Group over %d sessions,\n", d.Processes, d.Sessions)
@@ -166,7 +166,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // runSemaphoreAct runs the second act with its defaults and reports a
 // failed check as an error.
-func runSemaphoreAct(ctx context.Context, out io.Writer, cluster *embedtest.Cluster) error {
+func runSemaphoreAct(ctx context.Context, out io.Writer, cluster *etcdtest.Cluster) error {
 	d := defaultSemaphoreDemo
 	res, err := semaphoreAct(ctx, out, cluster, d)
 	if err != nil {

@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // TestDemoSemaphoreAct runs the demo's second act: every job runs, never
 // more than the limit at once, the limit is reached, and etcd never holds
 // more keys than the sessions.
 func TestDemoSemaphoreAct(t *testing.T) {
-	c := embedtest.Etcd(t)
+	c := etcdtest.Etcd(t)
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

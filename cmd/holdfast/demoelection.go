@@ -11,6 +11,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/leader"
 )
@@ -52,7 +53,7 @@ func runElectionAct(ctx context.Context, out io.Writer, a electionAct) (election
 	fmt.Fprintln(out, "as in a long GC pause: it is told it lost leadership before its lease expires, then another")
 	fmt.Fprintln(out, "candidate takes over with a higher term. The frozen leader's late write is refused by the fence.")
 	fmt.Fprintln(out)
-	cluster, err := embedtest.StartEtcd("", 1)
+	cluster, err := etcdtest.StartEtcd("", 1)
 	if err != nil {
 		return res, fmt.Errorf("start embedded etcd: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // observer runs holdfast elect --observe --json and delivers what it prints.
@@ -64,7 +65,7 @@ func nextObservation(t *testing.T, ch <-chan observation) observation {
 // order, "no leader" included; a revoked lease stops the command (122), and
 // with --loop holdfast campaigns again and reruns it.
 func TestElectEtcd(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	c := e.Client(t)
 	obs := observer(t, "--endpoints", ep, "svc/leader")

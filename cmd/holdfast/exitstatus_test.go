@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // TestExitStatusTableAgrees: lock's help, elect's (which refers to lock's)
@@ -64,7 +65,7 @@ lock"`) {
 // 2 before any request: they are tried against a listener that never
 // answers, where a request would hang.
 func TestExitStatusRows(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	silent := silentListener(t)
 	dir := t.TempDir()
@@ -160,7 +161,7 @@ func TestExitStatusRows(t *testing.T) {
 // TestErrorMessages: one prefix per layer and the name once; a semaphore
 // limit mismatch is said as such, on both stores.
 func TestErrorMessages(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	a := embedtest.Consul(t)
 	for _, st := range []struct {
 		name  string

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // running reports whether pid is a live process (a zombie waiting for its
@@ -34,7 +35,7 @@ func running(pid int) bool {
 // on, re-parented, for as long as it liked.
 func TestKill9StopsCommand(t *testing.T) {
 	const ttl, within = 10 * time.Second, time.Second
-	etcd := embedtest.Etcd(t)
+	etcd := etcdtest.Etcd(t)
 	consul := embedtest.Consul(t)
 	stores := []struct {
 		name  string
@@ -121,7 +122,7 @@ func childrenOf(t *testing.T, pid int) []int {
 // ends CMD itself at once, as the README says; what CMD started is the
 // guard's to stop, and runs on here.
 func TestKill9ParentDeathSignal(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	dir := t.TempDir()
 	t.Setenv("DIR", dir)
 	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "pdeath", "--", "sh", "-c", `echo $$ > "$DIR/cmd"; while :; do sleep 0.02; done`)

@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
@@ -179,7 +180,7 @@ func TestLockUsage(t *testing.T) {
 // TestLockEnvAndExitStatus: the command sees the grant in its environment,
 // holdfast exits with its status, and the lock is released after it.
 func TestLockEnvAndExitStatus(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	c := e.Client(t)
 	show := `echo "$HOLDFAST_NAME|$HOLDFAST_KEY|$HOLDFAST_TOKEN|$ETCD_LOCK_KEY|$ETCD_LOCK_REV"; exit 7`
@@ -227,7 +228,7 @@ func TestLockEnvAndExitStatus(t *testing.T) {
 // TestLockExcludes: concurrent runs on one name never overlap, and run in
 // token order.
 func TestLockExcludes(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	log := filepath.Join(t.TempDir(), "log")
 	body := `echo "start $HOLDFAST_TOKEN" >> "$LOG"; sleep 0.2; echo "end $HOLDFAST_TOKEN" >> "$LOG"`
@@ -264,7 +265,7 @@ func TestLockExcludes(t *testing.T) {
 }
 
 // holdEtcd takes name through a session of the test's own and returns it.
-func holdEtcd(t *testing.T, e *embedtest.Cluster, name string) {
+func holdEtcd(t *testing.T, e *etcdtest.Cluster, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -285,7 +286,7 @@ func holdEtcd(t *testing.T, e *embedtest.Cluster, name string) {
 // TestLockNotAcquired: --try fails at once and --timeout after it, both with
 // 124, leaving no waiter key.
 func TestLockNotAcquired(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	holdEtcd(t, e, "busy")
 	ran := filepath.Join(t.TempDir(), "ran")
@@ -310,7 +311,7 @@ func TestLockNotAcquired(t *testing.T) {
 // whole process group is stopped at once, SIGKILL following SIGTERM after
 // --kill-grace for a command that ignores SIGTERM, and holdfast exits 122.
 func TestLockLost(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	c := e.Client(t)
 	dir := t.TempDir()
@@ -368,7 +369,7 @@ func TestLockLost(t *testing.T) {
 // handle it), and holdfast releases the lock when it exits; a signal while
 // waiting stops the wait, leaving no key.
 func TestLockSignals(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	c := e.Client(t)
 	ready := filepath.Join(t.TempDir(), "ready")
@@ -479,7 +480,7 @@ func TestLockConsul(t *testing.T) {
 // TestLockExitStatuses covers the exit statuses the usage documents that the
 // other tests do not.
 func TestLockExitStatuses(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	notExec := filepath.Join(t.TempDir(), "script")
 	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -531,7 +532,7 @@ func maxConcurrent(t *testing.T, log string) (most, runs int) {
 func TestLockPermits(t *testing.T) {
 	body := `echo start >> "$LOG"; sleep 0.3; echo end >> "$LOG"`
 	t.Run("etcd", func(t *testing.T) {
-		e := embedtest.Etcd(t)
+		e := etcdtest.Etcd(t)
 		log := filepath.Join(t.TempDir(), "log")
 		t.Setenv("LOG", log)
 		var ps []*proc
@@ -614,7 +615,7 @@ func TestLockNativeFirst(t *testing.T) {
 		}
 	}
 	t.Run("etcd", func(t *testing.T) {
-		e := embedtest.Etcd(t)
+		e := etcdtest.Etcd(t)
 		ns, err := concurrency.NewSession(e.Client(t))
 		if err != nil {
 			t.Fatal(err)

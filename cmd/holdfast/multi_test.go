@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // TestLockMulti: "lock --and" takes several names as one grant. Four
@@ -16,7 +16,7 @@ import (
 // HOLDFAST_NAMES sorted, HOLDFAST_TOKENS one token per name, and
 // HOLDFAST_TOKEN the token of its NAME. Nothing is left afterwards.
 func TestLockMulti(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	c := e.Client(t)
 	log := filepath.Join(t.TempDir(), "log")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 func TestOnceUsage(t *testing.T) {
@@ -148,7 +149,7 @@ func onceTicks(t *testing.T, store []string, sched holdfast.Schedule, free time.
 // (the killed claim blocks no tick).
 func TestOnceTicks(t *testing.T) {
 	holdfastBin(t) // built before the ticks are laid out
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	onceTicks(t, []string{"--endpoints", e.Endpoints()[0]}, holdfast.Schedule{Every: 4 * time.Second, AtLeast: time.Second, AtMost: 2 * time.Second}, 1500*time.Millisecond, 6, "0.2")
 }
 

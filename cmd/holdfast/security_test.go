@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // securityEnv are the variables that configure TLS and credentials; the
@@ -132,7 +133,7 @@ func contains(list []string, s string) bool {
 func TestSecuredEtcd(t *testing.T) {
 	pki := embedtest.TestPKI(t)
 	other := embedtest.TestPKI(t)
-	c := embedtest.Etcd(t, embedtest.WithEtcdTLS(pki, true), embedtest.WithEtcdAuth())
+	c := etcdtest.Etcd(t, etcdtest.WithEtcdTLS(pki, true), etcdtest.WithEtcdAuth())
 	root := c.Client(t)
 	const pw, strangerPW, wrongPW = "Locker-pw-5f3a", "Stranger-pw-9c1d", "Wrong-pw-77e2"
 	if err := c.AddUser("locker", pw, "jobs/"); err != nil {

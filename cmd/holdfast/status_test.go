@@ -13,6 +13,7 @@ import (
 
 	hfconsul "github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
@@ -42,7 +43,7 @@ func (v view) contenders() []contenderView {
 // a native concurrency.Mutex waiter included, with tokens and lease TTLs;
 // --watch prints the new state when the holder releases.
 func TestStatusEtcd(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ep := e.Endpoints()[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -224,7 +225,7 @@ func TestStatusSemaphore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	t.Run("etcd", func(t *testing.T) {
-		e := embedtest.Etcd(t)
+		e := etcdtest.Etcd(t)
 		var tokens []uint64
 		for i := range 3 {
 			s, err := hfetcd.NewSession(ctx, e.Client(t))
@@ -313,7 +314,7 @@ func TestStatusNativeHolders(t *testing.T) {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
 	t.Run("etcd", func(t *testing.T) {
-		e := embedtest.Etcd(t)
+		e := etcdtest.Etcd(t)
 		ep := e.Endpoints()[0]
 		etcdctl, err := exec.LookPath("etcdctl")
 		if err != nil {

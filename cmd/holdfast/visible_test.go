@@ -15,13 +15,14 @@ import (
 
 	hfconsul "github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 // TestVerbose: with -v, lock says on stderr where it waits, the token it
 // got and that it released, on both stores; without -v it says nothing.
 func TestVerbose(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	a := embedtest.Consul(t)
 	for _, st := range []struct {
 		name    string
@@ -78,7 +79,7 @@ func TestVerbose(t *testing.T) {
 // TestMetricsAndLogs: a long-running lock serves its Prometheus metrics on
 // --metrics-addr and logs the session's events with --log json.
 func TestMetricsAndLogs(t *testing.T) {
-	e := embedtest.Etcd(t)
+	e := etcdtest.Etcd(t)
 	ports, err := embedtest.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)

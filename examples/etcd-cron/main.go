@@ -36,7 +36,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -91,7 +91,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	}
 	eps := strings.Split(*endpoints, ",")
 	if *endpoints == "" {
-		cluster, err := embedtest.StartEtcd("", 1) // in a temporary directory, removed by Close
+		cluster, err := etcdtest.StartEtcd("", 1) // in a temporary directory, removed by Close
 		if err != nil {
 			return err
 		}

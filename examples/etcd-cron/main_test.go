@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
@@ -139,7 +139,7 @@ func TestBadSchedule(t *testing.T) {
 // TestEndpoints runs the example twice against one etcd, verbosely, and
 // checks the record it leaves in etcd.
 func TestEndpoints(t *testing.T) {
-	cluster := embedtest.Etcd(t)
+	cluster := etcdtest.Etcd(t)
 	eps := strings.Join(cluster.Endpoints(), ",")
 	cli := cluster.Client(t)
 

@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -54,7 +54,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	if len(args) > 0 {
 		return fmt.Errorf("no arguments expected, got %q", args)
 	}
-	cluster, err := embedtest.StartEtcd("", 1) // in a temporary directory, removed by Close
+	cluster, err := etcdtest.StartEtcd("", 1) // in a temporary directory, removed by Close
 	if err != nil {
 		return err
 	}

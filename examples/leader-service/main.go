@@ -31,6 +31,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/leader"
 )
@@ -98,7 +99,7 @@ func run(ctx context.Context, out io.Writer, args []string) error {
 	}
 	var eps []string
 	if *endpoints == "" {
-		cluster, err := embedtest.StartEtcd("", 1)
+		cluster, err := etcdtest.StartEtcd("", 1)
 		if err != nil {
 			return err
 		}

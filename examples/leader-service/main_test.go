@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
@@ -107,7 +107,7 @@ func TestEmbedded(t *testing.T) {
 // TestRevoke: leaders whose lease is revoked are replaced at once; the
 // etcd given with -endpoints is left clean.
 func TestRevoke(t *testing.T) {
-	cluster := embedtest.Etcd(t)
+	cluster := etcdtest.Etcd(t)
 	out := runService(t, "-endpoints", strings.Join(cluster.Endpoints(), ","), "-kill", "revoke", "-kills", "3", "-v")
 	check(t, out, 3, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

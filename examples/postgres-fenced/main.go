@@ -11,7 +11,7 @@
 // fence table has already admitted worker-2's higher token.
 //
 // It starts an embedded etcd and a throwaway PostgreSQL server (Debian's
-// postgresql package; see embedtest.PostgresBinDir), and removes both at
+// postgresql package; see pgtest.PostgresBinDir), and removes both at
 // the end.
 //
 //	go run ./examples/postgres-fenced
@@ -30,6 +30,8 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
+	"github.com/holdfast/holdfast/embedtest/pgtest"
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/fence/sqlfence"
 )
@@ -59,12 +61,12 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	if len(args) > 0 {
 		return fmt.Errorf("no arguments expected, got %q", args)
 	}
-	cluster, err := embedtest.StartEtcd("", 1)
+	cluster, err := etcdtest.StartEtcd("", 1)
 	if err != nil {
 		return err
 	}
 	defer cluster.Close()
-	pg, err := embedtest.StartPostgres()
+	pg, err := pgtest.StartPostgres()
 	if err != nil {
 		return err
 	}

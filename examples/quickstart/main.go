@@ -22,6 +22,7 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -114,7 +115,7 @@ func main() {
 
 func run(ctx context.Context, etcdAddr, consulAddr string) error {
 	if etcdAddr == "" {
-		c, err := embedtest.StartEtcd("", 1)
+		c, err := etcdtest.StartEtcd("", 1)
 		if err != nil {
 			return err
 		}

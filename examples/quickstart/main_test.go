@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 	"github.com/holdfast/holdfast/etcd"
 )
@@ -70,7 +71,7 @@ func TestReadmeShowsThisCode(t *testing.T) {
 // TestRun runs the example against real servers and checks the records the
 // guarded writes left.
 func TestRun(t *testing.T) {
-	c := embedtest.Etcd(t)
+	c := etcdtest.Etcd(t)
 	a := embedtest.Consul(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

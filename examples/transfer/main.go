@@ -34,7 +34,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -81,7 +81,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	}
 	eps := strings.Split(*endpoints, ",")
 	if *endpoints == "" {
-		cluster, err := embedtest.StartEtcd("", 1) // in a temporary directory, removed by Close
+		cluster, err := etcdtest.StartEtcd("", 1) // in a temporary directory, removed by Close
 		if err != nil {
 			return err
 		}

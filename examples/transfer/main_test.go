@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
@@ -63,7 +63,7 @@ func TestEmbedded(t *testing.T) {
 // printed with -v are non-zero. Run twice against one etcd: the balances
 // carry over and the total is still kept.
 func TestContended(t *testing.T) {
-	cluster := embedtest.Etcd(t)
+	cluster := etcdtest.Etcd(t)
 	eps := strings.Join(cluster.Endpoints(), ",")
 	for range 2 {
 		out := runTransfer(t, "-endpoints", eps, "-workers", "8", "-accounts", "3", "-transfers", "20", "-v")

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -55,24 +56,44 @@ func (b *Background) Wait() {
 // Retry bounds: the first pause, the longest pause, and the longest single
 // attempt.
 const (
-	retryMinPause = 50 * time.Millisecond
-	retryMaxPause = time.Second
+	// RetryFirstPause is the first pause of every retry loop (see Backoff).
+	RetryFirstPause = 50 * time.Millisecond
+	retryMaxPause   = time.Second
 	// AttemptTimeout bounds one attempt of a background request, so that an
 	// attempt stuck on an unresponsive member gives way to the next one.
 	AttemptTimeout = 2 * time.Second
 )
 
-// Retry calls attempt until it returns nil or a final error (see Final),
-// or ctx ends; each call gets a context bounded by AttemptTimeout. Pauses
-// between calls double from 50 ms to 1 s. It returns the last error, or
-// ctx's cause if ctx ended first.
-func Retry(ctx context.Context, attempt func(context.Context) error) error {
-	pause := retryMinPause
+// Backoff is how a failed request is retried: the one backoff of the
+// backends and leader.Run. The zero Backoff pauses from RetryFirstPause,
+// doubling to 1 s, stops on Final errors, and does not bound attempts.
+type Backoff struct {
+	// Attempt bounds each attempt (0: no bound, for an attempt that blocks
+	// on purpose, as a blocking query or a campaign does).
+	Attempt time.Duration
+	// First and Max bound the pauses (0: RetryFirstPause and 1 s).
+	First, Max time.Duration
+	// Final reports the errors that retrying cannot change (nil: Final).
+	Final func(error) bool
+}
+
+// Retry calls attempt until it returns nil or a final error, or ctx ends;
+// pauses between calls double from b.First to b.Max. It returns the last
+// error if it is final (so a session's end comes before ctx's), else
+// ctx's cause once ctx has ended.
+func (b Backoff) Retry(ctx context.Context, attempt func(context.Context) error) error {
+	pause, most, final := cmp.Or(b.First, RetryFirstPause), cmp.Or(b.Max, retryMaxPause), b.Final
+	if final == nil {
+		final = Final
+	}
 	for {
-		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if b.Attempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, b.Attempt)
+		}
 		err := attempt(actx)
 		cancel()
-		if err == nil || Final(err) {
+		if err == nil || final(err) {
 			return err
 		}
 		t := time.NewTimer(pause)
@@ -82,8 +103,16 @@ func Retry(ctx context.Context, attempt func(context.Context) error) error {
 			return context.Cause(ctx)
 		case <-t.C:
 		}
-		pause = min(2*pause, retryMaxPause)
+		pause = min(2*pause, most)
 	}
+}
+
+// Retry is Backoff{Attempt: AttemptTimeout}.Retry: each call of attempt
+// gets a context bounded by AttemptTimeout; pauses between calls double
+// from 50 ms to 1 s. It returns the last error, or ctx's cause if ctx
+// ended first.
+func Retry(ctx context.Context, attempt func(context.Context) error) error {
+	return Backoff{Attempt: AttemptTimeout}.Retry(ctx, attempt)
 }
 
 // Final reports whether err is an answer that retrying the same request

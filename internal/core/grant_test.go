@@ -477,7 +477,7 @@ func TestRetry(t *testing.T) {
 		if f.releaseCalls() != 3 {
 			t.Errorf("%d attempts, want 3", f.releaseCalls())
 		}
-		if took := time.Since(start); took != AttemptTimeout+retryMinPause+2*retryMinPause {
+		if took := time.Since(start); took != AttemptTimeout+RetryFirstPause+2*RetryFirstPause {
 			t.Errorf("took %v", took)
 		}
 		// Final errors are not retried.
@@ -493,6 +493,47 @@ func TestRetry(t *testing.T) {
 		time.AfterFunc(120*time.Millisecond, func() { cancel(holdfast.ErrSessionClosed) })
 		if err := Retry(ctx, f.release); !errors.Is(err, holdfast.ErrSessionClosed) {
 			t.Errorf("Retry after its context ended: %v, want the cause", err)
+		}
+	})
+}
+
+func TestBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The zero Backoff leaves an attempt unbounded: a blocking
+		// attempt runs until ctx ends, and the ctx's cause is returned.
+		f := newFakeStore(errBlock)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		time.AfterFunc(time.Minute, func() { cancel(holdfast.ErrSessionClosed) })
+		start := time.Now()
+		if err := (Backoff{}).Retry(ctx, f.release); !errors.Is(err, holdfast.ErrSessionClosed) {
+			t.Errorf("Retry of a blocking attempt: %v, want the cause", err)
+		}
+		if took := time.Since(start); took != time.Minute || f.releaseCalls() != 1 {
+			t.Errorf("took %v and %d attempts, want 1m0s and 1", took, f.releaseCalls())
+		}
+		// First and Max set the pauses: 10, 20, 25, 25 ms.
+		f = newFakeStore(errTransport, errTransport, errTransport, errTransport)
+		start = time.Now()
+		if err := (Backoff{First: 10 * time.Millisecond, Max: 25 * time.Millisecond}).Retry(context.Background(), f.release); err != nil {
+			t.Fatalf("Retry: %v", err)
+		}
+		if took := time.Since(start); took != 80*time.Millisecond || f.releaseCalls() != 5 {
+			t.Errorf("took %v and %d attempts, want 80ms and 5", took, f.releaseCalls())
+		}
+		// Final replaces the definition of a final error: here a lost
+		// key is retried, a closed session is not.
+		retryLost := Backoff{Final: func(err error) bool { return Final(err) && !errors.Is(err, holdfast.ErrLost) }}
+		f = newFakeStore(holdfast.ErrLost, holdfast.ErrLost, holdfast.ErrSessionClosed)
+		if err := retryLost.Retry(context.Background(), f.release); !errors.Is(err, holdfast.ErrSessionClosed) || f.releaseCalls() != 3 {
+			t.Errorf("Retry with its own Final: %v after %d attempts, want ErrSessionClosed after 3", err, f.releaseCalls())
+		}
+		// A final error comes before the end of ctx: the session's end is
+		// reported even if the caller gave up at the same moment.
+		ctx, cancel2 := context.WithCancel(context.Background())
+		cancel2()
+		f = newFakeStore(holdfast.ErrSessionLost)
+		if err := (Backoff{}).Retry(ctx, f.release); !errors.Is(err, holdfast.ErrSessionLost) {
+			t.Errorf("Retry with a final error and an ended ctx: %v, want ErrSessionLost", err)
 		}
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
 // TestEtcdLockShort runs a very short lock scenario on an embedded etcd with
@@ -158,7 +158,7 @@ func TestEtcdTakeoverShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an embedded etcd")
 	}
-	cluster := embedtest.Etcd(t)
+	cluster := etcdtest.Etcd(t)
 	target, err := DialEtcd(cluster.Endpoints())
 	if err != nil {
 		t.Fatal(err)

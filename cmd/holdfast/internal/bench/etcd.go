@@ -10,14 +10,14 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 // EtcdTarget is an etcd server to benchmark on: an embedded one-member
 // cluster started by StartEtcd, or external endpoints given to DialEtcd.
 type EtcdTarget struct {
-	cluster   *embedtest.Cluster // nil for external endpoints
+	cluster   *etcdtest.Cluster // nil for external endpoints
 	endpoints []string
 	admin     *clientv3.Client
 }
@@ -34,7 +34,7 @@ func StartEtcdNodes(n int) (*EtcdTarget, error) {
 	if n < 1 || n > 7 {
 		return nil, fmt.Errorf("%w: nodes must be between 1 and 7, got %d", ErrUsage, n)
 	}
-	c, err := embedtest.StartEtcd("", n)
+	c, err := etcdtest.StartEtcd("", n)
 	if err != nil {
 		return nil, err
 	}

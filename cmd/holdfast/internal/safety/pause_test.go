@@ -23,6 +23,7 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -237,7 +238,7 @@ func TestHolderPause(t *testing.T) {
 			var lock func(ctx context.Context) (holdfast.Grant, error)
 			switch backend {
 			case "etcd":
-				c := embedtest.Etcd(t)
+				c := etcdtest.Etcd(t)
 				addr, ttl = c.Endpoints()[0], etcd.MinTTL
 				s, err := etcd.NewSession(context.Background(), c.Client(t), etcd.WithTTL(etcd.MinTTL))
 				if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
 	"github.com/holdfast/holdfast/etcd"
 )
 
@@ -278,7 +279,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 			fmt.Fprintf(o.Log, format+"\n", a...)
 		}
 	}
-	c, err := embedtest.StartEtcd("", 3)
+	c, err := etcdtest.StartEtcd("", 3)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -366,7 +367,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 }
 
 // etcdFaults injects one fault at a time, each mended before the next.
-func etcdFaults(ctx context.Context, c *embedtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
+func etcdFaults(ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for ctx.Err() == nil {
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
@@ -493,7 +494,7 @@ func lastContender(ctx context.Context, w *Workload, c *embedtest.ConsulCluster,
 
 // leftKeysEtcd waits up to 10 s for the keys under name/ to go (the
 // sessions are closed; an unreachable one expires) and returns any left.
-func leftKeysEtcd(c *embedtest.Cluster, name string) []string {
+func leftKeysEtcd(c *etcdtest.Cluster, name string) []string {
 	cli, err := c.NewClient()
 	if err != nil {
 		return []string{"(no client: " + err.Error() + ")"}

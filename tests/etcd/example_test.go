@@ -1,0 +1,1 @@
+../../etcd/example_test.go

@@ -1,0 +1,1 @@
+../../../fence/sqlfence/example_test.go

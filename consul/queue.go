@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 const (
@@ -627,12 +628,11 @@ func (a *acquisition) get(ctx context.Context, key string) (*api.KVPair, error) 
 // watchKey blocks until key's ModifyIndex is no longer index (it changed or
 // is gone), and returns the key as it then is (nil if gone). Each blocking
 // query waits at most blockWait and has a client-side timeout; timeouts and
-// transport errors are retried until ctx ends (with the session, if the
-// store stays unreachable). With bound > 0 it returns nil, nil once bound
-// has passed without a change.
+// transport errors are retried (core.Backoff) until ctx ends (with the
+// session, if the store stays unreachable). With bound > 0 it returns nil,
+// nil once bound has passed without a change.
 func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound time.Duration) (*api.KVPair, error) {
 	wait := index
-	pause := minPause
 	start := time.Now()
 	for {
 		w := blockWait
@@ -641,25 +641,21 @@ func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound 
 				return nil, nil
 			}
 		}
-		qctx, cancel := context.WithTimeout(ctx, blockTimeout(w))
-		q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
-		pair, meta, err := s.client.KV().Get(key, q.WithContext(qctx))
-		cancel()
+		var pair *api.KVPair
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(w), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
+			pair, meta, err = s.client.KV().Get(key, q.WithContext(ctx))
+			return err
+		})
 		switch {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
-			return nil, apiError("watch "+key, err)
 		case err != nil:
-			if !sleep(ctx, pause) {
-				return nil, ctx.Err()
-			}
-			pause = min(2*pause, maxPause)
-			continue
+			return nil, apiError("watch "+key, err)
 		case pair == nil || pair.ModifyIndex != index:
 			return pair, nil
 		}
-		pause = minPause
 		wait = max(meta.LastIndex, index)
 	}
 }
@@ -669,7 +665,6 @@ func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound 
 // Timeouts and transport errors are retried as in watchKey. With bound > 0
 // it returns nil, index, nil once bound has passed without a change.
 func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bound time.Duration) (api.KVPairs, uint64, error) {
-	pause := minPause
 	start := time.Now()
 	for {
 		w := blockWait
@@ -678,27 +673,27 @@ func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bo
 				return nil, index, nil
 			}
 		}
-		qctx, cancel := context.WithTimeout(ctx, blockTimeout(w))
-		q := &api.QueryOptions{WaitIndex: index, WaitTime: w}
-		pairs, meta, err := s.client.KV().List(prefix, q.WithContext(qctx))
-		cancel()
+		var pairs api.KVPairs
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(w), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: index, WaitTime: w}
+			pairs, meta, err = s.client.KV().List(prefix, q.WithContext(ctx))
+			return err
+		})
 		switch {
 		case ctx.Err() != nil:
 			return nil, 0, ctx.Err()
-		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
-			return nil, 0, apiError("watch "+prefix, err)
 		case err != nil:
-			if !sleep(ctx, pause) {
-				return nil, 0, ctx.Err()
-			}
-			pause = min(2*pause, maxPause)
-			continue
+			return nil, 0, apiError("watch "+prefix, err)
 		case meta.LastIndex != index:
 			return pairs, meta.LastIndex, nil
 		}
-		pause = minPause
 	}
 }
+
+// queryRefused reports whether a blocking query was refused (HTTP 4xx: an
+// ACL, a bad request): retrying cannot change that.
+func queryRefused(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
 
 // dropDead deletes keys whose session is gone (queue entries with their
 // subtrees, contender keys, left by sessions with Behavior release), at most

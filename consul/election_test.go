@@ -359,8 +359,9 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		won <- g
 	}()
 	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
-	// A candidate never announces itself (a leader's value is its own): the
-	// Unlock waits for that at most 250 ms, then reads the queue.
+	// The candidate linked itself behind the holder's entry: the Unlock
+	// hands the key to it at once (at worst it waits 250 ms for the link,
+	// then reads the queue).
 	t0 := time.Now()
 	if err := mg.Unlock(ctx); err != nil {
 		t.Fatal(err)

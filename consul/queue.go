@@ -398,17 +398,34 @@ func (a *acquisition) link(ctx context.Context) error {
 	default:
 		return err
 	}
+	a.holder, a.known = p.session, false
 	for _, r := range resp.Results {
-		if r.KV != nil {
-			a.mine = max(a.mine, r.KV.ModifyIndex)
+		switch e := r.KV; {
+		case e == nil:
+		case e.Key == p.key: // the check's answer: its entry, whose value is its lock-delay
+			a.delay, a.known = entryDelay(e)
+		default:
+			a.mine = max(a.mine, e.ModifyIndex)
 		}
 	}
 	a.linked = true
-	if a.holder != p.session { // it may hold the lock before us: learn its lock-delay now
-		a.holder = p.session
-		a.delay, a.known = m.s.lockDelayOf(ctx, p.session)
-	}
 	return nil
+}
+
+// entryValue is the value of our queue entry: our session's lock-delay in
+// milliseconds, so that the waiter behind us knows it (it may hold the lock
+// before that waiter, and if its session ends then, the delay applies).
+func (m *Mutex) entryValue() []byte {
+	return strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
+}
+
+// entryDelay returns the lock-delay that entry e's value states.
+func entryDelay(e *api.KVPair) (time.Duration, bool) {
+	ms, err := strconv.ParseInt(string(e.Value), 10, 64)
+	if err != nil || ms < 0 {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
 }
 
 // watchMine blocks until our entry's subtree changes (it was last seen at
@@ -477,7 +494,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		}
 		ops = append(ops, guard,
 			kvOp(api.KVDeleteTree, m.queueKey),
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
 	}
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
@@ -523,7 +540,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 		kvOp(api.KVGetOrEmpty, m.tailKey),
 		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
 		kvOp(api.KVDeleteTree, m.queueKey),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 		kvOp(api.KVGetOrEmpty, m.lockKey),
 	}
 	a.left = true

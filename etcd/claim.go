@@ -13,7 +13,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // minClaimTTL is the shortest lease etcd grants (its minimum TTL with the
@@ -229,11 +228,7 @@ func (c *Claim) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 	if !c.base.Held() {
 		return nil, c.base.NotHeld()
 	}
-	txn := c.o.s.client.Txn(ctx)
-	if !mutant.On("etcd/claim-guard") {
-		txn = txn.If(c.Guard())
-	}
-	resp, err := txn.Then(ops...).Commit()
+	resp, err := c.o.s.client.Txn(ctx).If(claimGuard(c)...).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: guarded txn on %s: %w", c.Key(), storeErr(err))
 	}

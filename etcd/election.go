@@ -12,7 +12,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Election is a leader election on etcd, with the key layout of
@@ -134,11 +133,8 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if err != nil {
 		return err
 	}
-	txn := e.s.client.Txn(ctx)
-	if !mutant.On("etcd/proclaim-guard") {
-		txn = txn.If(g.Guard())
-	}
-	resp, err := txn.Then(clientv3.OpPut(g.Key(), string(value), clientv3.WithLease(e.s.lease))).Commit()
+	put := clientv3.OpPut(g.Key(), string(value), clientv3.WithLease(e.s.lease))
+	resp, err := e.s.client.Txn(ctx).If(proclaimGuard(g)...).Then(put).Commit()
 	if err != nil {
 		return fmt.Errorf("holdfast/etcd: proclaim on %s: %w", g.Key(), storeErr(err))
 	}
@@ -361,10 +357,6 @@ func (e *Election) watch(ctx context.Context, pfx string, c contenders, rev *int
 	}
 	return false, delivered
 }
-
-// observeFrom is the revision Observe's watch starts from after the
-// revision rev was read or seen (tests replace it).
-var observeFrom = func(rev int64) int64 { return rev + 1 }
 
 // put records kv if it is a candidate's key ("<prefix><lease hex>"; keys of
 // longer names are not candidates).

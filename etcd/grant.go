@@ -10,7 +10,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Grant is a held etcd lock. It implements holdfast.Grant; its token is the
@@ -88,11 +87,7 @@ func (g *Grant) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 	if !g.base.Held() {
 		return nil, g.base.NotHeld()
 	}
-	txn := g.s.client.Txn(ctx)
-	if !mutant.On("etcd/txn-guard") {
-		txn = txn.If(g.Guard())
-	}
-	resp, err := txn.Then(ops...).Commit()
+	resp, err := g.s.client.Txn(ctx).If(txnGuard(g)...).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: guarded txn on %s: %w", g.Key(), storeErr(err))
 	}
@@ -139,11 +134,7 @@ func overlaps(key, end, pfx []byte) bool {
 // release is the guarded delete behind Unlock (one attempt; the core
 // retries it).
 func (g *Grant) release(ctx context.Context) error {
-	txn := g.s.client.Txn(ctx)
-	if !mutant.On("etcd/release-guard") {
-		txn = txn.If(g.Guard())
-	}
-	resp, err := txn.Then(append([]clientv3.Op{clientv3.OpDelete(g.Key())}, g.also...)...).Else(g.also...).Commit()
+	resp, err := g.s.client.Txn(ctx).If(releaseGuard(g)...).Then(append([]clientv3.Op{clientv3.OpDelete(g.Key())}, g.also...)...).Else(g.also...).Commit()
 	if err != nil {
 		return storeErr(err)
 	}

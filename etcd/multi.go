@@ -9,7 +9,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // MultiMutex locks a set of names as one grant. Each name is an ordinary
@@ -144,10 +143,7 @@ func (g *MultiGrant) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.Txn
 		if err := p.checkOps(ops); err != nil {
 			return nil, err
 		}
-		if i == len(parts)-1 && mutant.On("etcd/multi-txn-guard") {
-			break // the last part unguarded
-		}
-		cmps = append(cmps, p.Guard())
+		cmps = append(cmps, multiPartGuard(p, i == len(parts)-1)...)
 	}
 	if !g.multi.Held() {
 		return nil, g.multi.NotHeld()

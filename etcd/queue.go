@@ -13,7 +13,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // queue is one session's place in the FIFO queue of keys under a prefix:
@@ -165,12 +164,7 @@ func (q queue) wait(ctx context.Context, rev int64, a ahead) (ahead, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	key := string(a.pred.Key)
-	var now clientv3.WatchChan
-	if !mutant.On("etcd/watch-now") {
-		now = q.s.client.Watch(wctx, key, clientv3.WithCreatedNotify())
-	} else {
-		now = q.s.client.Watch(wctx, key, clientv3.WithRev(a.seen)) // as concurrency.Mutex does
-	}
+	now := q.s.client.Watch(wctx, key, predWatch(a.seen))
 	var gap clientv3.WatchChan // nil until needed
 	for {
 		var wr clientv3.WatchResponse
@@ -243,11 +237,7 @@ func (q queue) read(ctx context.Context, rev int64) (ahead, error) {
 // revision rev, and fails with an error wrapping holdfast.ErrLost if it does
 // not. Transport errors are retried until ctx ends.
 func (q queue) check(ctx context.Context, rev int64, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	txn := q.s.client.Txn(ctx)
-	if !mutant.On("etcd/recheck-own-key") {
-		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(q.key), "=", rev))
-	}
-	txn = txn.Then(ops...)
+	txn := q.s.client.Txn(ctx).If(ownKeyGuard(q.key, rev)...).Then(ops...)
 	var resp *clientv3.TxnResponse
 	err := retry(ctx, func() (err error) {
 		resp, err = txn.Commit()
@@ -414,7 +404,7 @@ func (q queue) waitCount(ctx context.Context, c counter) (rev int64, err error) 
 			if ev.Kv.ModRevision <= seen {
 				continue // already counted
 			}
-			if string(ev.Kv.Key) == q.key && ev.Type == mvccpb.DELETE && !mutant.On("etcd/semaphore-own-key") {
+			if ownKeyDeleted(ev, q.key) {
 				return rev, fmt.Errorf("%w: our key %s was deleted while waiting (lease revoked or key removed)", holdfast.ErrLost, q.key)
 			}
 			dec, unsure := c.event(ev, rev)
@@ -494,10 +484,7 @@ func (q queue) joinCounted(ctx context.Context, c counter) (rev int64, n int, se
 	if q.value == "" {
 		txn = txn.If(absent).Then(then...).Else(own)
 	} else {
-		cmps := []clientv3.Cmp{absent}
-		if !mutant.On("etcd/semaphore-limit") {
-			cmps = append(cmps, clientv3.Compare(clientv3.Value(q.pfx), "=", q.value).WithPrefix())
-		}
+		cmps := append([]clientv3.Cmp{absent}, limitGuard(q.pfx, q.value)...)
 		// Else: the prefix is empty (a value compare on no key fails), or
 		// our key exists, or a key carries another value.
 		empty := clientv3.Compare(clientv3.CreateRevision(q.pfx), "=", 0).WithPrefix()

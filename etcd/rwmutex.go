@@ -13,7 +13,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 	"github.com/holdfast/holdfast/internal/options"
 )
 
@@ -216,15 +215,15 @@ func (rw *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	s.watcher.remove(w)
 	ctx, stop := bindContext(ctx, s.keeper.Context())
 	defer stop()
-	if mutant.On("etcd/rw-downgrade-in-place") {
-		return rw.downgradeByNewKey(ctx, w)
-	}
+	return rw.downgrade(ctx, w)
+}
+
+// downgradeInPlace is Downgrade's write: the marker names w's key, which
+// stays as it is, in a transaction guarded by w's create revision.
+func (rw *RWMutex) downgradeInPlace(ctx context.Context, w *Grant) (*Grant, error) {
+	s := rw.wq.s
 	value := w.Key() + " " + strconv.FormatInt(w.rev, 10)
-	ops := []clientv3.Op{clientv3.OpPut(rw.marker, value, clientv3.WithLease(s.lease))}
-	if mutant.On("etcd/rw-write-key-untouched") {
-		// Mark the write key itself: same create revision, newer mod revision.
-		ops = append(ops, clientv3.OpPut(w.Key(), "", clientv3.WithLease(s.lease)))
-	}
+	ops := append([]clientv3.Op{clientv3.OpPut(rw.marker, value, clientv3.WithLease(s.lease))}, touchWriteKey(w, s.lease)...)
 	var resp *clientv3.TxnResponse
 	err := core.Retry(ctx, func(actx context.Context) error {
 		var err error
@@ -253,19 +252,6 @@ func (rw *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 		w.free()
 	}
 	return nil, failed(ctx, s, rw.name, err)
-}
-
-// downgradeByNewKey is the unsafe downgrade that the etcd/rw-downgrade-in-place
-// guard rules out: the write key is replaced by a new read key, whose create
-// revision is newer than the writers queued behind, which stop waiting.
-func (rw *RWMutex) downgradeByNewKey(ctx context.Context, w *Grant) (*Grant, error) {
-	s := rw.rq.s
-	resp, err := s.client.Txn(ctx).If(w.Guard()).Then(clientv3.OpDelete(w.Key()), clientv3.OpPut(rw.rq.key, "", clientv3.WithLease(s.lease))).Commit()
-	if err != nil || !resp.Succeeded {
-		w.free()
-		return nil, fmt.Errorf("%w: downgrade failed: %v", holdfast.ErrNotHeld, err)
-	}
-	return newGrant(s, w.pfx, rw.rq.key, resp.Header.Revision, resp.Header.Revision, w.free, nil), nil
 }
 
 // kindOps count the keys under the name by kind: all, readers', writers',
@@ -387,7 +373,7 @@ func (c *readCounter) discount(ws []*mvccpb.KeyValue, marker *mvccpb.KeyValue) i
 		return 0
 	}
 	for _, kv := range ws {
-		if string(kv.Key) == key && kv.CreateRevision == rev || mutant.On("etcd/rw-marker-check") {
+		if marks(kv, key, rev) {
 			c.downKey, c.downRev = string(kv.Key), kv.CreateRevision
 			return 1
 		}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
-	"github.com/holdfast/holdfast/internal/mutant"
 	"github.com/holdfast/holdfast/internal/options"
 )
 
@@ -130,7 +129,7 @@ func (m *Semaphore) tryAcquire(ctx context.Context) (int64, error) {
 				// cleanup has not finished.
 				return notJoined, fmt.Errorf("%w: %s: this session's key is being removed", holdfast.ErrLocked, m.name)
 			}
-			if string(kv.Value) != q.value && !mutant.On("etcd/semaphore-limit") {
+			if limitMismatch(kv, q.value) {
 				return notJoined, semCounter{q: q, n: m.limit}.mismatch(kv)
 			}
 		}
@@ -194,7 +193,7 @@ func (c semCounter) event(ev *clientv3.Event, rev int64) (int, bool) {
 	if ev.PrevKv == nil {
 		return 0, true // the previous value was compacted away: recount
 	}
-	if ev.PrevKv.CreateRevision < rev || mutant.On("etcd/semaphore-count") {
+	if wasAhead(ev.PrevKv, rev) {
 		return 1, false
 	}
 	return 0, false

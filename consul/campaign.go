@@ -11,21 +11,18 @@ import (
 // the Mutex's queue (queue.go: acquisition.run, whose steps it shares) and
 // differs only in what it writes and how its grant ends:
 //
-//  1. Join: as a Mutex's Lock (queue.go, steps 1 to 3): take the key at
-//     once if the name is empty, else queue up and wait for our
-//     predecessor.
-//  2. Wait at the head of the queue for the key to be free (step 4),
-//     without announcing ourselves: the holder's value is a leader's
-//     proposal (or a Mutex's), not ours to rewrite.
-//  3. Take office (step 5): create the key anew with value, the leader's
-//     proposal: a delete-cas of the free key as seen (or a check that it
-//     is absent) and an acquire, in one txn that also deletes our queue
-//     key. So the key's LockIndex is 1 and the term (the acquire's
-//     ModifyIndex) stays readable as its CreateIndex after Proclaim.
-//  4. Handed the key by a Mutex holder (step 6): retake it, deleting and
+//  1. Join and wait as a Mutex's Lock (queue.go, steps 1 to 4).
+//  2. Take office at the head of the queue, when the key is free (step 6):
+//     create the key anew with value, the leader's proposal: a delete-cas
+//     of the free key as seen (or a check that it is absent) and an
+//     acquire, in one txn. So the key's LockIndex is 1 and the term (the
+//     acquire's ModifyIndex) stays readable as its CreateIndex after
+//     Proclaim.
+//  3. Handed the key by a Mutex holder (step 5): retake it, deleting and
 //     re-creating it with value (a new term).
-//  5. Resign (the grant's Unlock, campaignHold): a guarded delete of the
-//     key, never a handoff; the head of the queue takes it at step 3.
+//  4. Resign (the grant's Unlock: lockHold with resign): a guarded delete of
+//     the key with our entry, never a handoff; the waiter linked behind us
+//     is woken (its anchor on us is deleted) and takes it at step 2.
 func campaign(value []byte) taking {
 	return taking{
 		write: func(m *Mutex, seen *api.KVPair) api.TxnOps {
@@ -35,26 +32,22 @@ func campaign(value []byte) taking {
 			}
 			return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
 		},
-		handed: func(ctx context.Context, a *acquisition, _ *api.KVPair, _ []*api.KVPair) (uint64, error) {
+		handed: func(ctx context.Context, a *acquisition, _ uint64) (uint64, error) {
 			return retake(ctx, a.m, value)
 		},
-		quiet: true,
-		hold: func(m *Mutex, _ uint64, a *acquisition) releaser {
-			return &campaignHold{m: m, queued: a.queueIndex}
-		},
+		resign: true,
 	}
 }
 
 // retake takes a lock key handed to us by a Mutex holder (whose value is
 // the Mutex's): in one transaction, guarded by our session holding the key,
-// it deletes the key and acquires it anew with value, and deletes our
-// queue key. The term is that write's index.
+// it deletes the key and acquires it anew with value. The term is that
+// write's index.
 func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
 	ops := api.TxnOps{
 		checkSession(m.lockKey, m.s.id),
 		kvOp(api.KVDelete, m.lockKey),
 		lockOp(m.lockKey, m.s.id, value),
-		kvOp(api.KVDelete, m.queueKey),
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -76,19 +69,4 @@ func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
 		return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
 	}
 	return term, nil
-}
-
-// campaignHold is an Election grant's release: a guarded delete of the lock
-// key, never a handoff (the key's value is the leader's).
-type campaignHold struct {
-	m      *Mutex
-	queued uint64 // the CreateIndex of our last queue entry, if we queued
-}
-
-func (h *campaignHold) release(ctx context.Context, _ *Grant) error {
-	return releasePlain(ctx, h.m, h.queued)
-}
-
-func (h *campaignHold) drop(ctx context.Context, _ *Grant) error {
-	return h.m.s.releaseKey(ctx, h.m.lockKey)
 }

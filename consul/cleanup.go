@@ -64,46 +64,32 @@ func (s *Session) abandon(l leftover) {
 	s.abandoned[l.name] = l
 }
 
-// clean deletes our queue key and reads the lock key and the tail key in
-// one transaction, then releases the lock key if our session holds it, and
-// repairs the tail key if it names us (see Mutex.repairTail). Once the queue key is
-// gone no holder can hand us the lock, so a handoff to us is either seen by
-// that read or never happens. The caller holds the name in s.names, so that
-// no grant or acquisition of ours uses these keys meanwhile.
+// clean takes our entry out of the queue and reads the lock key (see
+// Mutex.leave, which also wakes the waiter linked behind us and repairs the
+// tail key), then releases the lock key if our session holds it. Once our
+// entry is gone no holder can hand us the lock, so a handoff to us is
+// either seen by that read or never happens. The caller holds the name in
+// s.names, so that no grant or acquisition of ours uses these keys
+// meanwhile.
 func (s *Session) clean(ctx context.Context, l leftover) error {
 	if l.fn != nil {
 		return l.fn(ctx)
 	}
-	ops := api.TxnOps{kvOp(api.KVDelete, l.queueKey), kvOp(api.KVGetOrEmpty, l.lockKey), kvOp(api.KVGetOrEmpty, l.m.tailKey)}
-	resp, err := s.txn(ctx, ops)
-	var rb *rollback
+	e, err := l.m.leave(ctx)
 	switch {
-	case errors.As(err, &rb):
-		return txnError("clean up "+l.name, rb)
 	case err != nil:
 		return err
-	}
-	for _, r := range resp.Results {
-		e := r.KV
-		if t, ok := l.m.tailEntry(e); ok && e.Key == l.m.tailKey && t.session == s.id {
-			if err := l.m.repairTail(ctx); err != nil {
-				return err
-			}
-			continue
+	case e == nil:
+	case e.Session == s.id:
+		if err := s.releaseKey(ctx, l.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+			return err
 		}
-		switch {
-		case e == nil || e.Key != l.lockKey:
-		case e.Session == s.id:
-			if err := s.releaseKey(ctx, l.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
-				return err
-			}
-		case e.Session == "" && e.ModifyIndex != 0 && e.Flags == api.LockFlagValue:
-			// A free lock key, left by a holder whose session was
-			// invalidated: nobody else would delete it, so the last one to
-			// give up does, if it is still free (a CAS: someone may be
-			// taking it). A lock-delay on it outlives the key in Consul.
-			_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.lockKey, e.ModifyIndex)})
-		}
+	case e.Session == "" && e.Flags == api.LockFlagValue:
+		// A free lock key, left by a holder whose session was
+		// invalidated: nobody else would delete it, so the last one to
+		// give up does, if it is still free (a CAS: someone may be
+		// taking it). A lock-delay on it outlives the key in Consul.
+		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.lockKey, e.ModifyIndex)})
 	}
 	return nil
 }

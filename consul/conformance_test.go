@@ -130,7 +130,8 @@ func TestConformance(t *testing.T) {
 		// Observe follows the lock key with blocking queries, which may
 		// skip to its latest state.
 		ObserveAll: false,
-		Keys:       func(t *testing.T, name string) []string { return keys(t, admin, name) },
+		// One key per contender, as on etcd (see contenderKeys).
+		Keys: func(t *testing.T, name string) []string { return contenderKeys(t, admin, name) },
 		Delete: func(t *testing.T, key string) {
 			if _, err := admin.KV().Delete(key, nil); err != nil {
 				t.Fatalf("delete %s: %v", key, err)

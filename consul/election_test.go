@@ -359,8 +359,9 @@ func TestCampaignHandedByMutex(t *testing.T) {
 		won <- g
 	}()
 	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
-	// A candidate never announces itself (a leader's value is its own): the
-	// Unlock waits for that at most 250 ms, then reads the queue.
+	// The candidate linked itself behind the holder's entry: the Unlock
+	// hands the key to it at once (at worst it waits 250 ms for the link,
+	// then reads the queue).
 	t0 := time.Now()
 	if err := mg.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -401,7 +402,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	if _, err := newElection(t, newSession(t, c, WithLockDelay(0)), name).Campaign(cctx, []byte("two")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
 	}
-	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	waitFor(t, 2*time.Second, "the candidate's queue key removed", func() bool { return len(contenderKeys(t, c, name)) == 1 })
 	s3 := newSession(t, c, WithLockDelay(0))
 	done := make(chan error, 1)
 	go func() { _, err := newElection(t, s3, name).Campaign(ctx, []byte("three")); done <- err }()
@@ -410,7 +411,7 @@ func TestCampaignCancelLeavesNothing(t *testing.T) {
 	if err := <-done; !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Fatalf("Campaign of a destroyed session: %v", err)
 	}
-	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(keys(t, c, name)) == 1 })
+	waitFor(t, 2*time.Second, "the destroyed candidate's queue key removed", func() bool { return len(contenderKeys(t, c, name)) == 1 })
 	if g.Context().Err() != nil {
 		t.Fatal("the leader's context ended")
 	}

@@ -88,16 +88,12 @@ func (g *Grant) Context() context.Context { return g.base.Context() }
 func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 
 // Unlock implements holdfast.Grant. When holdfast waiters queue, it hands the
-// lock directly to the head of the queue (whenever that waiter queued), in
-// one transaction; otherwise it deletes the lock key. Either way the write is
-// guarded by our session holding the key. It costs one request when the
-// grant knows the head of the queue or that nobody waits; one more (a read
-// of the lock key and the tail key) when the lock was handed to it without
-// naming a successor, and two more when it took the free lock and a waiter
-// queued afterwards (the guess that nobody waits fails first). The waiters
-// that queued after the lock was acquired announce themselves in the lock
-// key once they see it held; if one has not yet, Unlock waits for that (at
-// most 250 ms) and otherwise reads the whole queue.
+// lock directly to the next one, in one transaction; otherwise it deletes the
+// lock key. Either way the write is guarded by our session holding the key.
+// It costs one request when the grant knows the next waiter (the waiter
+// linked itself behind us) or that nobody queued behind us; when a waiter
+// queued but has not linked itself yet, Unlock waits for its link (at most
+// 250 ms) and otherwise reads the whole queue.
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
 // Session returns the ID of the Consul session that holds the grant.

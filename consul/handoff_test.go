@@ -113,6 +113,7 @@ func TestHandoffFIFO(t *testing.T) {
 	}
 	g, res := holderKnowing(t, c, name, x, ws...)
 	created := lockKeyNow(t, c, name).CreateIndex
+	prev := x
 	for i := range ws {
 		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 			t.Fatal(err)
@@ -138,10 +139,10 @@ func TestHandoffFIFO(t *testing.T) {
 		if r.g.Token() <= g.Token() {
 			t.Errorf("waiter %d: token %d, not above the previous holder's %d", i, r.g.Token(), g.Token())
 		}
-		if slices.Contains(keys(t, c, name), ws[i].queueKey) {
-			t.Errorf("waiter %d: queue key left after the handoff", i)
+		if slices.Contains(keys(t, c, name), prev.queueKey) {
+			t.Errorf("waiter %d: the previous holder's queue key left after the handoff", i)
 		}
-		g = r.g
+		g, prev = r.g, ws[i]
 	}
 	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -201,10 +202,10 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 		t.Fatal(r2.err)
 	}
 	t.Logf("w2 got the lock %v after w1 gave up", time.Since(t0))
-	// The tail key names w2's entry (w2 queued last), gone since w2 took
-	// the lock; w2's Unlock deletes it.
-	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), name + tailSuffix}) {
-		t.Errorf("keys: %q, want the lock key and the tail key only", ks)
+	// The tail key names w2's entry (w2 queued last), which stays while w2
+	// holds; w2's Unlock deletes both.
+	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), w2.queueKey, w2.queueKey + heldSuffix, name + tailSuffix}) {
+		t.Errorf("keys: %q, want the lock key, w2's entry and held mark, and the tail key only", ks)
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -480,7 +481,7 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if h := r.g.rel.(*lockHold); len(h.next) == 0 || h.next[0].session != s1.ID() {
+	if h := r.g.rel.(*lockHold); h.next == nil || h.next.session != s1.ID() {
 		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", h.next)
 	}
 	w1cancel()

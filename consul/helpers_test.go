@@ -93,13 +93,58 @@ func keys(t testing.TB, c *api.Client, name string) []string {
 	return ks
 }
 
+// contenderKeys lists the keys under name + "/" as one key per contender,
+// as on etcd: the lock key, and the entries of the waiters. While the lock
+// key is held, the holder's entry and marks and the tail key are its
+// holder's bookkeeping and left out; the links and anchors under waiters'
+// entries always are. With the lock key free or absent, every key shows
+// (a leftover of a released grant would).
+func contenderKeys(t testing.TB, c *api.Client, name string) []string {
+	t.Helper()
+	pairs, _, err := c.KV().List(name+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string]string{} // lock name -> holding session
+	for _, p := range pairs {
+		if n, ok := strings.CutSuffix(p.Key, lockSuffix); ok && p.Session != "" {
+			holders[n] = p.Session
+		}
+	}
+	var ks []string
+	for _, p := range pairs {
+		n, rest, inQueue := strings.Cut(p.Key, queueInfix)
+		session, _, child := strings.Cut(rest, "/")
+		tailOf, isTail := strings.CutSuffix(p.Key, tailSuffix)
+		switch {
+		case isTail && holders[tailOf] != "":
+		case inQueue && (child || session == holders[n]):
+		default:
+			ks = append(ks, p.Key)
+		}
+	}
+	slices.Sort(ks)
+	return ks
+}
+
 // queueLen counts the queue entries of the Mutex called name.
 func queueLen(t testing.TB, c *api.Client, name string) int {
 	t.Helper()
+	pairs, _, err := c.KV().List(name+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := ""
+	for _, p := range pairs {
+		if p.Key == LockKey(name) {
+			holder = p.Session
+		}
+	}
 	n := 0
-	for _, k := range keys(t, c, name) {
-		if strings.HasPrefix(k, name+queueInfix) {
-			n++
+	for _, p := range pairs {
+		id, ok := strings.CutPrefix(p.Key, name+queueInfix)
+		if ok && id != "" && !strings.Contains(id, "/") && p.Session != "" && p.Session != holder {
+			n++ // a waiter's entry (the holder's stays while it holds)
 		}
 	}
 	return n

@@ -18,8 +18,9 @@ import (
 // in order with their tokens and sessions (TTL and lock-delay; Consul does
 // not say how long a session has left), and whether holdfast or a native
 // client (api.Lock, `consul lock`, api.Semaphore, `consul lock -n`) wrote
-// each key. holdfast's bookkeeping (the queue and tail keys, the values
-// that announce waiters or mark permits) is read, never shown as data.
+// each key. holdfast's bookkeeping (the tail key, the queue's links and
+// marks, the holder's own entry, the values that mark permits) is read,
+// never shown as data.
 //
 // It costs one consistent read of the keys under "<name>/" and one session
 // lookup per contender. A lock key with an empty value is a lock's (as
@@ -75,9 +76,10 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 		switch id, inQueue := strings.CutPrefix(p.Key, queuePrefix); {
 		case p.Key == lockKey && p.Flags == api.LockFlagValue, p.Key == tailKey:
 		case inQueue && id != "" && !strings.Contains(id, "/"):
-			if p.Session != "" { // else a dead entry, removed by the next waiter
+			if p.Session != "" && (lock == nil || p.Session != lock.Session) { // else a dead entry, or the holder's own
 				queue = append(queue, p)
 			}
+		case inQueue && id != "": // an entry's links and marks
 		default:
 			st.Other = append(st.Other, p.Key)
 		}
@@ -87,7 +89,7 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 		v := string(lock.Value)
 		ct := holdfast.Contender{Origin: holdfast.OriginHoldfast, Token: holdfast.Token(tokenOf(lock))}
 		switch {
-		case strings.HasPrefix(v, valueTaken): // valueNext and valueWaiter too
+		case strings.HasPrefix(v, valueTaken):
 		case v == "":
 			ct.Origin = holdfast.OriginNative
 		default:

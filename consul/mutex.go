@@ -182,7 +182,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, erro
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, rel: a.how.hold(m, token, a)}
+	g := &Grant{s: m.s, prefix: m.prefix, rel: a.hold(token)}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

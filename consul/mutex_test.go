@@ -576,22 +576,18 @@ func TestRoundTrips(t *testing.T) {
 		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		// The holder took the free lock: its delete, guarded by the lock
-		// key's index and the tail key's absence, fails (we queued and
-		// announced ourselves); it reads the lock key and the tail key,
-		// then hands the lock over.
+		// The holder took the free lock, nobody behind it: its delete,
+		// guarded by the tail key it set, fails (we queued); the answer of
+		// its subtree holds our link; it hands the lock over.
 		if n := ocnt.n.Load() - o0; n != 3 {
 			t.Errorf("contended, try %d: the holder's Unlock made %d requests, want 3", i, n)
 		}
 		mine := <-done
-		// List the names, queue up, announce (the holder took the lock
-		// before we queued), learn the holder's lock-delay (first time
-		// only), block on the lock key; the holder hands the lock over.
+		// List the names, queue up, link behind the holder's entry (whose
+		// value, in the link's answer, is the holder's lock-delay), block on
+		// our entry's subtree; the holder hands the lock over.
 		n := cnt.n.Load() - n0
 		want := int64(4)
-		if i == 0 {
-			want = 5
-		}
 		t.Logf("contended (head of the queue), try %d: Lock %d requests", i, n)
 		if n != want {
 			t.Errorf("contended (head of the queue), try %d: Lock %d requests, want %d", i, n, want)
@@ -732,7 +728,7 @@ func TestWaiterSessionLost(t *testing.T) {
 	if !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("waiter: %v, want ErrSessionLost", err)
 	}
-	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(keys(t, admin, name), []string{LockKey(name)}) })
+	waitFor(t, cleanupBound, "the lost waiter's queue key removed", func() bool { return slices.Equal(contenderKeys(t, admin, name), []string{LockKey(name)}) })
 	if _, err := wm.Lock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrSessionLost) {
 		t.Errorf("Lock on a lost session: %v, want ErrSessionLost", err)
 	}

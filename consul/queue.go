@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 const (
@@ -22,66 +23,58 @@ const (
 	delayRetry = 25 * time.Millisecond
 	// maxDropDead bounds how many stale queue entries one request removes.
 	maxDropDead = 64
+	// linkWait bounds how long a release waits for a waiter that queued
+	// behind the holder to link itself (see lockHold.look), before it reads
+	// the whole queue instead.
+	linkWait = 250 * time.Millisecond
 )
 
-// The value of a lock key that holdfast holds says what its holder knows of
-// the queue, so that the head of the queue can tell whether the holder will
-// hand the lock to it on Unlock, and announce itself if not:
+// valueTaken is the lock key's value while a holdfast Mutex holds it.
+// Foreign holders (api.Lock, `consul lock`) write other values.
+const valueTaken = "holdfast"
+
+// The queue (docs/DESIGN.md, "Consul acquire"): each contender's entry
+// "<name>/.queue/<session>", acquired with its session, lives from the
+// moment it queues until its grant ends (the holder's entry stays while it
+// holds). Under an entry E of session S:
 //
-//   - valueTaken: the holder took the free key; the same transaction read
-//     the queue, so it knows every entry created before the key's
-//     ModifyIndex.
-//   - valueNext + "<session> <index>" (or nothing after the "="): the key
-//     was handed over; the new holder will hand it on to that queue entry
-//     (or knows none).
-//   - valueWaiter + "<token> <session> <index>": the head of the queue
-//     announced itself (its queue entry: session and CreateIndex) after the
-//     holder acquired the key with token (see announce); the write moved
-//     the key's ModifyIndex, so the holder's Unlock reads the key and hands
-//     the lock to that entry (see Grant.release).
+//   - E + nextInfix + W: the link of the waiter W right behind E, written by
+//     W and acquired with W's session (value: W's entry's CreateIndex), so
+//     that S knows whom to hand the lock to without a read;
+//   - E + prevInfix + P: S's anchor on its predecessor P, written by S and
+//     acquired with P's session: it goes when P's session ends, or is
+//     deleted when P leaves the queue, which wakes S;
+//   - E + heldSuffix: written by the handoff that grants S the lock, in the
+//     same transaction (its ModifyIndex is the token).
 //
-// Foreign holders (api.Lock, `consul lock`) write other values: they never
-// hand over, so nobody announces to them.
+// A waiter blocks on its own entry's subtree only: one notification tells
+// it its grant, its successor, or its predecessor's end.
 const (
-	valueTaken  = "holdfast"
-	valueNext   = "holdfast next="
-	valueWaiter = "holdfast waiter token="
+	nextInfix  = "/next/"
+	prevInfix  = "/prev/"
+	heldSuffix = "/held"
 )
 
 // waiter is a queue entry the lock can be handed to.
 type waiter struct {
 	key, session string
-	index        uint64 // the entry's ModifyIndex (= its CreateIndex)
+	index        uint64 // the entry's CreateIndex (= its ModifyIndex)
 }
 
-// nextValue is the lock key's value when it is handed over to a holder whose
-// known successor is the first of rest.
-func nextValue(rest []waiter) []byte {
-	if len(rest) == 0 {
-		return []byte(valueNext)
-	}
-	return fmt.Appendf(nil, "%s%s %d", valueNext, rest[0].session, rest[0].index)
+// entry returns the queue entry of session with that CreateIndex.
+func (m *Mutex) entry(session string, index uint64) waiter {
+	return waiter{key: m.queuePrefix + session, session: session, index: index}
 }
 
 // HolderToken returns the fencing token of the grant that holds lock, a
 // Mutex's or an Election's lock key (LockKey) as read from Consul: the
-// ModifyIndex of the write that acquired it, which a waiter's announcement
-// (a later write to the key that keeps its holder) carries in the value.
-// For a key held by api.Lock or `consul lock`, it is the key's ModifyIndex.
+// ModifyIndex of the write that acquired it (a later write by the holder,
+// such as a poke, moves it). For a key held by api.Lock or `consul lock`,
+// it is the key's ModifyIndex too.
 func HolderToken(lock *api.KVPair) uint64 { return tokenOf(lock) }
 
-// tokenOf returns the token of the grant behind lock: the ModifyIndex of the
-// write that acquired it, which an announcement (valueWaiter) keeps in the
-// value.
-func tokenOf(lock *api.KVPair) uint64 {
-	if v, ok := strings.CutPrefix(string(lock.Value), valueWaiter); ok {
-		v, _, _ = strings.Cut(v, " ")
-		if t, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return t
-		}
-	}
-	return lock.ModifyIndex
-}
+// tokenOf returns the token of the grant behind lock (see HolderToken).
+func tokenOf(lock *api.KVPair) uint64 { return lock.ModifyIndex }
 
 // parseEntry parses "<session> <index>" as the queue entry of that session
 // under m, with that CreateIndex.
@@ -91,43 +84,18 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 	if !ok || err != nil || session == "" || index == 0 || strings.Contains(session, "/") {
 		return waiter{}, false
 	}
-	return waiter{key: m.queuePrefix + session, session: session, index: index}, true
-}
-
-// named returns the waiter that lock's value (valueNext) names, if any.
-func (m *Mutex) named(lock *api.KVPair) (waiter, bool) {
-	rest, ok := strings.CutPrefix(string(lock.Value), valueNext)
-	if !ok {
-		return waiter{}, false
-	}
-	return m.parseEntry(rest)
-}
-
-// announced returns the waiter that announced itself in lock's value
-// (valueWaiter), if any.
-func (m *Mutex) announced(lock *api.KVPair) (waiter, bool) {
-	rest, ok := strings.CutPrefix(string(lock.Value), valueWaiter)
-	if !ok {
-		return waiter{}, false
-	}
-	_, entry, ok := strings.Cut(rest, " ")
-	if !ok {
-		return waiter{}, false
-	}
-	return m.parseEntry(entry)
+	return m.entry(session, index), true
 }
 
 // The tail key "<name>/.tail" names the queue entry created last:
 // "<session>" (the entry's CreateIndex is the tail's ModifyIndex: both are
 // written by the same transaction, see enqueue) or "<session> <index>"
-// (written by a repair, see Session.repairTail). Queuing up is a cas on it,
-// so entries are created one at a time and each new waiter learns its
-// predecessor (the entry just ahead of it by CreateIndex) without reading
-// the queue. It is absent only while nobody queues: it is deleted, guarded
-// by its index, together with the last entry's departure (a handoff to
-// it, the release of a holder it names, a repair that finds no live entry).
-// An entry it names may be gone (handed the lock, left, dead): a waiter
-// behind such an entry finds its place by reading the queue once.
+// (written by a repair, see Mutex.repairTail). Queuing up sets it and reads
+// what it was in one transaction, so entries are created one at a time and
+// each new waiter learns its predecessor without reading the queue. It is
+// absent only while nobody queues or holds through the queue: it is
+// deleted, guarded by its index, with the last entry (a release that finds
+// nobody behind it, a repair that finds no live entry).
 const tailSuffix = "/.tail"
 
 // tailEntry returns the entry that the tail key names (ok false if absent
@@ -147,31 +115,31 @@ type acquisition struct {
 	m   *Mutex
 	how taking // how the lock key is taken: a Mutex's (lockTaking) or a campaign's (campaign.go)
 
-	// left is set once something of ours may be in Consul: a queue key, or
-	// the lock key (an acquire of unknown outcome, a handoff to us). On
+	// left is set once something of ours may be in Consul: a queue entry,
+	// or the lock key (an acquire of unknown outcome, a handoff to us). On
 	// failure, the session cleans it up (see Session.cleanUp).
 	left bool
-	// since is the CreateIndex of our first queue key: a lock key held by
+	// since is the CreateIndex of our first queue entry: a lock key held by
 	// our session through a write after it was handed to us. queueIndex is
-	// the CreateIndex of our latest queue key.
-	since, queueIndex uint64
-	// pred is the queue entry just ahead of ours, as far as we know: the
-	// one we wait for. It is nil at the head of the queue (or before we
-	// queue); lost says that we do not know it (read the queue).
-	pred *waiter
-	lost bool
-	// next is whom the grant hands the lock to on Unlock, as far as we know
-	// when we get it: up to two waiters, in queue order. When we took the
-	// lock with a read of the queue, tail is the tail key as it then was
-	// (nil if absent), and alone says that no live waiter but us queued.
-	next      []waiter
-	tail      *api.KVPair
-	tailKnown bool
-	alone     bool
+	// the CreateIndex of our latest entry, and tailIndex the tail key's
+	// ModifyIndex as we set it (0: not set by us).
+	since, queueIndex, tailIndex uint64
+	// pred is the entry just ahead of ours, as far as we know: nil at the
+	// head of the queue (or before we queue). linked says that our link to
+	// it and our anchor on it are written; lost that we do not know it
+	// (read the queue).
+	pred   *waiter
+	linked bool
+	lost   bool
+	// mine is the index of our entry's subtree as we last saw it (the
+	// blocking queries on it start there), and next the waiter linked right
+	// behind us, if any: whom the grant hands the lock to.
+	mine uint64
+	next *waiter
 
-	// Lock-delay bookkeeping of the head of the queue: the session last seen
-	// holding the lock key, its lock-delay (if known), and when the delay
-	// that follows its release should be over.
+	// Lock-delay bookkeeping: the session last seen holding the lock key
+	// (or our predecessor's, which may hold it next), its lock-delay (if
+	// known), and when the delay that follows its release should be over.
 	holder    string
 	delay     time.Duration
 	known     bool
@@ -185,14 +153,12 @@ type taking struct {
 	// write returns the operations that take the lock key as seen (nil if
 	// absent): a guard that it is still so, and the acquire with our value.
 	write func(m *Mutex, seen *api.KVPair) api.TxnOps
-	// handed accepts the lock key handed to us by the holder before us
-	// (step 6) and returns the token.
-	handed func(ctx context.Context, a *acquisition, lock *api.KVPair, queue []*api.KVPair) (uint64, error)
-	// quiet says never to announce ourselves in the holder's lock key
-	// (step 4): its value is not ours to rewrite.
-	quiet bool
-	// hold is the grant's releaser: what its Unlock does.
-	hold func(m *Mutex, token uint64, a *acquisition) releaser
+	// handed accepts the lock key handed to us with token by the holder
+	// before us (step 5) and returns the grant's token.
+	handed func(ctx context.Context, a *acquisition, token uint64) (uint64, error)
+	// resign says that the grant never hands the lock key over: its release
+	// deletes it and wakes the next waiter, which takes it (see lockHold).
+	resign bool
 }
 
 // lockTaking is a Mutex's: the lock key is acquired with valueTaken,
@@ -206,13 +172,13 @@ var lockTaking = taking{
 		}
 		return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, []byte(valueTaken))}
 	},
-	handed: func(ctx context.Context, a *acquisition, lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
-		return a.acceptHandoff(ctx, lock, queue)
-	},
-	hold: func(m *Mutex, token uint64, a *acquisition) releaser {
-		return &lockHold{m: m, next: a.next, index: token,
-			tail: a.tail, tailKnown: a.tailKnown, alone: a.alone, queued: a.queueIndex}
-	},
+	handed: func(_ context.Context, _ *acquisition, token uint64) (uint64, error) { return token, nil },
+}
+
+// hold returns the grant's releaser: what its Unlock does.
+func (a *acquisition) hold(token uint64) releaser {
+	return &lockHold{m: a.m, resign: a.how.resign, next: a.next, token: token,
+		queueIndex: a.queueIndex, tailIndex: a.tailIndex, mine: a.mine}
 }
 
 // outcome is what an attempt to acquire the lock key came to.
@@ -224,44 +190,35 @@ const (
 	delayed                // a lock-delay is in effect on it
 )
 
-// run is the waiting algorithm of a Mutex; it returns the fencing token.
-// Its cost per acquisition does not depend on how many wait: no waiter
-// reads the queue on its way to the lock unless an entry ahead of it left.
+// run is the waiting algorithm of a Mutex (docs/DESIGN.md, "Consul
+// acquire"); it returns the fencing token. No waiter reads the queue on
+// its way to the lock unless an entry ahead of it left or died.
 //
-//  1. List the names under "<name>/" (keys with separator "/": the lock
-//     key, the tail key, "<name>/.queue/", and any key of a longer name,
-//     then fail with ErrConflict). If there is neither a lock key nor a
-//     tail key, take the lock (step 6). (TryLock reads the whole subtree
-//     instead, and takes the lock only if it is free and no live entry
-//     queues, else fails with ErrLocked.)
-//  2. Queue up, in one transaction: read the tail key and set it to our
-//     session, create our queue key with our session, and read the lock
-//     key. The entry the tail named is our predecessor: the one created
-//     just before ours (see tailSuffix).
-//  3. Wait for our predecessor's queue key to change (a blocking query),
-//     then read the lock key. If our predecessor's session holds it, we are
-//     the head of the queue (the handoff to it deleted its queue key).
-//     Otherwise (it left or died, or took the lock and let it go) read the
-//     subtree once: the live entry just ahead of ours by CreateIndex is our
-//     predecessor, or none; dead entries are deleted (at most 64 per read).
-//  4. At the head of the queue, while another session holds the lock: if
-//     its holder may not know of us (see the lock values above), announce
-//     us with a write to the lock key that keeps its holder (see announce);
-//     then wait for the lock key to change (a blocking query).
-//  5. When the lock key is free: acquire it in one transaction guarded by
-//     the key being as we saw it, which also deletes our queue key and
-//     reads the subtree (whom to hand the lock to). A lock-delay refusal is
-//     retried when the previous holder's delay ends.
-//  6. Anywhere in steps 3 to 5, the lock key may turn out held by our own
-//     session through a write made after we queued: the holder before us
-//     handed it to us, and deleted our queue key (see Grant.handOver). The
-//     token is that write's ModifyIndex.
+//  1. List the names under "<name>/". Nothing there: take the lock, and
+//     create our entry and the tail key naming it, in one transaction
+//     guarded by both keys being absent. (TryLock reads the subtree, and
+//     takes the lock only if it is free and no live entry queues.)
+//  2. Queue up, in one transaction: read the tail key and set it to us,
+//     create our entry, read the lock key. The entry the tail named is our
+//     predecessor; none: we are the head.
+//  3. Link: one transaction, guarded by our predecessor's entry being
+//     unchanged, writes our link under its entry and our anchor (acquired
+//     with its session) under ours. If it fails, read the queue: the live
+//     entry just ahead of ours is our predecessor (none: the head).
+//  4. Block on our entry's subtree. A link behind us: note it (whom we
+//     hand to), block again. Our anchor gone: step 3 with a read.
+//  5. The held mark under our entry: the lock was handed to us, by the
+//     transaction that wrote the mark (its ModifyIndex is the token).
+//  6. At the head: wait for the lock key to be free (a blocking query),
+//     then take it, guarded by the key being as seen, reading our subtree
+//     (whom to hand to) in the same transaction. A lock-delay refusal is
+//     retried when the delay ends.
 //
 // Every request is bounded by ctx: the caller's context, ended with the
 // session. What a failed run leaves is removed by the caller (see left).
 func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 	m := a.m
-	var lock *api.KVPair
+	var lock, tail *api.KVPair
 	if try {
 		v, err := a.read(ctx)
 		if err != nil {
@@ -270,10 +227,10 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
-		if !free(v.lock) || len(v.queue) > 0 {
+		if !free(v.lock) || v.waiting() > 0 {
 			return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
 		}
-		lock = v.lock
+		lock, tail = v.lock, v.tail
 	} else {
 		names, err := a.list(ctx)
 		if err != nil {
@@ -283,7 +240,7 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 			return a.queue(ctx)
 		}
 	}
-	token, out, err := a.take(ctx, lock)
+	token, out, err := a.take(ctx, lock, tail, true)
 	switch {
 	case err != nil:
 		return 0, err
@@ -310,7 +267,6 @@ func (a *acquisition) queue(ctx context.Context) (uint64, error) {
 // wait runs steps 3 to 6 from lock, the lock key as last read.
 func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error) {
 	m := a.m
-	var queue []*api.KVPair // the queue's live entries, if we read it
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, err
@@ -319,62 +275,77 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 			return 0, err
 		}
 		if a.handedToUs(lock) {
-			return a.how.handed(ctx, a, lock, queue)
+			return a.how.handed(ctx, a, tokenOf(lock))
 		}
-		if a.pred != nil && !a.lost {
-			if _, err := a.watch(ctx, a.pred.key, a.pred.index); err != nil {
-				return 0, err
+		switch {
+		case a.lost:
+			var drop api.TxnOps // our link under the predecessor we leave
+			if a.pred != nil && a.linked {
+				drop = api.TxnOps{kvOp(api.KVDelete, a.pred.key+nextInfix+m.s.id)}
 			}
-			var err error
-			if lock, err = a.get(ctx, m.lockKey); err != nil {
-				return 0, err
-			}
-			if lock != nil && lock.Session == a.pred.session && !a.handedToUs(lock) {
-				a.pred = nil // the handoff to it deleted its queue key
-				continue
-			}
-			a.lost = true
-			continue
-		}
-		if a.lost {
-			v, err := a.read(ctx)
+			v, err := a.read(ctx, drop...)
 			if err != nil {
 				return 0, err
 			}
 			if err := m.compatible(v); err != nil {
 				return 0, err
 			}
-			a.dropDead(ctx, v.dead)
-			lock, queue, a.lost, a.pred = v.lock, v.queue, false, nil
+			m.s.dropDead(ctx, v.dead)
+			lock, a.lost, a.pred, a.linked = v.lock, false, nil, false
 			switch {
 			case a.handedToUs(lock):
-			case v.me == nil:
-				// Our queue key vanished or lost its session. Queue up
-				// again; if our session is gone, Consul says so.
+			case v.me == nil || v.me.CreateIndex != a.queueIndex:
+				// Our entry vanished or lost its session. Queue up again; if
+				// our session is gone, Consul says so.
 				if lock, err = a.enqueue(ctx); err != nil {
 					return 0, err
 				}
 			default:
+				a.next = v.next
 				if p := v.predecessor(); p != nil {
-					a.pred = &waiter{key: p.Key, session: p.Session, index: p.ModifyIndex}
+					w := m.entry(p.Session, p.CreateIndex)
+					a.pred = &w
 				}
+			}
+			continue
+		case a.pred != nil && !a.linked:
+			if err := a.link(ctx); err != nil {
+				return 0, err
+			}
+			continue
+		case a.pred != nil:
+			v, err := a.watchMine(ctx)
+			if err != nil {
+				return 0, err
+			}
+			if v.next != nil {
+				a.next = v.next
+			}
+			switch {
+			case v.me == nil || v.me.CreateIndex != a.queueIndex:
+				a.lost = true
+			case v.held != nil && v.held.ModifyIndex > a.since:
+				return a.how.handed(ctx, a, v.held.ModifyIndex)
+			case v.anchor == nil || v.anchor.Session != a.pred.session:
+				// Our predecessor left, or its session ended (then it may
+				// have held the lock: its lock-delay applies from now).
+				a.notBefore = time.Time{}
+				if v.anchor != nil && a.known && a.holder == a.pred.session {
+					a.notBefore = time.Now().Add(a.delay)
+				}
+				a.lost = true
 			}
 			continue
 		}
 		// Head of the queue: nobody can queue ahead of us any more.
 		if !free(lock) {
 			var err error
-			if a.mustAnnounce(lock) {
-				lock, err = a.announce(ctx, lock)
-			} else {
-				lock, err = a.waitRelease(ctx, lock)
-			}
-			if err != nil {
+			if lock, err = a.waitRelease(ctx, lock); err != nil {
 				return 0, err
 			}
 			continue
 		}
-		token, out, err := a.take(ctx, lock)
+		token, out, err := a.take(ctx, lock, nil, false)
 		switch {
 		case err != nil:
 			return 0, err
@@ -401,78 +372,79 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 	return a.since != 0 && lock != nil && lock.Session == a.m.s.id && tokenOf(lock) > a.since
 }
 
-// acceptHandoff takes the lock handed to us. The handoff deleted the queue
-// key we had then; a queue key created after it (a re-queue that crossed
-// the handoff) is deleted here. Whom we hand the lock to on Unlock: the
-// waiter named in the lock's value, and those behind us in queue (our last
-// read of the queue, if any).
-func (a *acquisition) acceptHandoff(ctx context.Context, lock *api.KVPair, queue []*api.KVPair) (uint64, error) {
-	token := tokenOf(lock)
-	if a.queueIndex > token {
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		if _, err := a.m.s.txn(rctx, api.TxnOps{kvOp(api.KVDelete, a.m.queueKey)}); err != nil {
-			return 0, err // the cleanup releases the lock and deletes the key
-		}
+// link writes our link under our predecessor's entry and our anchor on it
+// under ours (step 3), in one transaction guarded by its entry being
+// unchanged; the anchor is acquired with its session, so that Consul
+// deletes or frees it when that session ends. If the transaction fails
+// (the entry went, its session ended), we read the queue next.
+func (a *acquisition) link(ctx context.Context) error {
+	m, p := a.m, a.pred
+	ops := api.TxnOps{
+		checkIndex(p.key, p.index),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.key + nextInfix + m.s.id, Session: m.s.id, Value: strconv.AppendUint(nil, a.queueIndex, 10)}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + prevInfix + p.session, Session: p.session}},
 	}
-	known := slices.Clone(queue)
-	if w, ok := a.m.named(lock); ok {
-		known = append(known, &api.KVPair{Key: w.key, Session: w.session, ModifyIndex: w.index, CreateIndex: w.index})
-	}
-	slices.SortFunc(known, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
-	a.next = a.m.successors(slices.CompactFunc(known, func(x, y *api.KVPair) bool { return x.Key == y.Key }))
-	return token, nil
-}
-
-// mustAnnounce reports whether the holder of lock (not us), a holdfast
-// holder, may not know of our queue entry, and so would not hand us the
-// lock on Unlock (see the lock values above).
-func (a *acquisition) mustAnnounce(lock *api.KVPair) bool {
-	val := string(lock.Value)
-	me := func(w waiter, ok bool) bool { return ok && w.session == a.m.s.id && w.index == a.queueIndex }
-	switch {
-	case a.how.quiet:
-		return false
-	case val == valueTaken:
-		return a.queueIndex > lock.ModifyIndex
-	case strings.HasPrefix(val, valueNext):
-		return !me(a.m.named(lock))
-	case strings.HasPrefix(val, valueWaiter):
-		// Another announcement: a waiter ahead of us that has left since.
-		return !me(a.m.announced(lock))
-	default: // a foreign holder
-		return false
-	}
-}
-
-// announce tells the holder of lock that we wait: a cas on the lock key at
-// the index we saw, with the same flags and as its value the holder's token
-// and our queue entry. A write that is not an acquire keeps the key's
-// session, so the holder still holds it; but its Unlock, whose fast path is
-// guarded by the key's ModifyIndex being its token, now reads the key and
-// hands the lock to us. It returns the lock key as it then is.
-func (a *acquisition) announce(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
-	m := a.m
-	value := fmt.Appendf(nil, "%s%d %s %d", valueWaiter, tokenOf(lock), m.s.id, a.queueIndex)
-	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: m.lockKey, Index: lock.ModifyIndex, Flags: lock.Flags, Value: value}}}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := m.s.txn(rctx, ops)
 	var rb *rollback
 	switch {
+	case err == nil:
 	case errors.As(err, &rb) && rb.denied():
-		return nil, txnError("announce on "+m.lockKey, rb)
-	case rb != nil: // the key changed meanwhile: see how it is now
-		return a.get(ctx, m.lockKey)
-	case err != nil:
-		return nil, err
+		return txnError("queue up on "+m.name, rb)
+	case rb != nil:
+		a.lost = true
+		return nil
+	default:
+		return err
 	}
-	now := *lock
-	now.Value = value
-	if len(resp.Results) > 0 && resp.Results[0].KV != nil {
-		now.ModifyIndex = resp.Results[0].KV.ModifyIndex
+	a.holder, a.known = p.session, false
+	for _, r := range resp.Results {
+		switch e := r.KV; {
+		case e == nil:
+		case e.Key == p.key: // the check's answer: its entry, whose value is its lock-delay
+			a.delay, a.known = entryDelay(e)
+		default:
+			a.mine = max(a.mine, e.ModifyIndex)
+		}
 	}
-	return &now, nil
+	a.linked = true
+	return nil
+}
+
+// entryValue is the value of our queue entry: our session's lock-delay in
+// milliseconds, so that the waiter behind us knows it (it may hold the lock
+// before that waiter, and if its session ends then, the delay applies).
+func (m *Mutex) entryValue() []byte {
+	return strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
+}
+
+// entryDelay returns the lock-delay that entry e's value states.
+func entryDelay(e *api.KVPair) (time.Duration, bool) {
+	ms, err := strconv.ParseInt(string(e.Value), 10, 64)
+	if err != nil || ms < 0 {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
+}
+
+// watchMine blocks until our entry's subtree changes (it was last seen at
+// a.mine), and returns it (see Session.watchTree).
+func (a *acquisition) watchMine(ctx context.Context) (view, error) {
+	pairs, index, err := a.m.s.watchTree(ctx, a.m.queueKey, a.mine, 0)
+	if err != nil {
+		return view{}, err
+	}
+	a.mine = index
+	results := make([]*api.TxnResult, 0, len(pairs))
+	for _, p := range pairs {
+		results = append(results, &api.TxnResult{KV: p})
+	}
+	v := a.m.parse(results)
+	if v.anchor != nil && a.pred != nil && !strings.HasSuffix(v.anchor.Key, prevInfix+a.pred.session) {
+		v.anchor = nil
+	}
+	return v, nil
 }
 
 // waitRelease blocks until the held lock key changes, and returns it as it
@@ -484,7 +456,7 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 		a.holder = lock.Session
 		a.delay, a.known = a.m.s.lockDelayOf(ctx, lock.Session)
 	}
-	next, err := a.watch(ctx, a.m.lockKey, lock.ModifyIndex)
+	next, err := a.m.s.watchKey(ctx, a.m.lockKey, lock.ModifyIndex, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -506,18 +478,26 @@ func (a *acquisition) delayLeft() time.Duration {
 	return delayRetry
 }
 
-// take tries to acquire the lock key in one transaction: guarded by the key
-// being as seen (absent, or at its ModifyIndex), it locks the key with our
-// session, our flags and valueTaken, deletes our queue key if we queued, and
-// reads the subtree. The token is the ModifyIndex of that write; the first
-// waiters of the queue are whom Unlock hands the lock to.
-func (a *acquisition) take(ctx context.Context, seen *api.KVPair) (uint64, outcome, error) {
+// take tries to acquire the lock key in one transaction guarded by the key
+// being as seen (absent, or at its ModifyIndex); it locks the key with our
+// session and reads our entry's subtree (whom to hand the lock to). First
+// (not queued), the same transaction creates our entry and sets the tail
+// key to it, guarded by the tail key being as seen (absent, or at its
+// ModifyIndex). The token is the ModifyIndex of that write.
+func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (uint64, outcome, error) {
 	m := a.m
 	ops := a.how.write(m, seen)
-	if a.queueIndex != 0 {
-		ops = append(ops, kvOp(api.KVDelete, m.queueKey))
+	if first {
+		guard := kvOp(api.KVCheckNotExists, m.tailKey)
+		if tail != nil {
+			guard = checkIndex(m.tailKey, tail.ModifyIndex)
+		}
+		ops = append(ops, guard,
+			kvOp(api.KVDeleteTree, m.queueKey),
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
 	}
-	ops = append(ops, kvOp(api.KVGetTree, m.prefix))
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
@@ -538,31 +518,29 @@ func (a *acquisition) take(ctx context.Context, seen *api.KVPair) (uint64, outco
 	default:
 		return 0, 0, err
 	}
-	// The answer: the check's entry (if any), the lock operation's entry
-	// (ours), then the subtree, which has the lock key (ours) too.
 	v := m.parse(resp.Results)
-	if v.lock == nil || v.lock.Session != m.s.id {
+	if v.lock == nil || v.lock.Session != m.s.id || v.me == nil {
 		return 0, 0, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry of ours")
 	}
-	if err := m.compatible(v); err != nil {
-		return 0, 0, err // the cleanup releases the key
+	if first {
+		a.queueIndex, a.tailIndex = v.me.CreateIndex, v.me.CreateIndex
 	}
-	a.next = m.successors(v.queue)
-	a.tail, a.tailKnown, a.alone = v.tail, true, len(a.next) == 0
+	a.next = v.next
+	a.mine = max(a.mine, v.lock.ModifyIndex)
 	return v.lock.ModifyIndex, taken, nil
 }
 
-// enqueue creates our queue key (step 2) and returns the lock key read in
-// the same transaction, which also reads the tail key and sets it to us:
-// the entry it named is our predecessor. A leftover queue key of ours is
-// replaced, so that our place is always at the back.
+// enqueue creates our entry (step 2) and returns the lock key read in the
+// same transaction, which also reads the tail key and sets it to us: the
+// entry it named is our predecessor. A leftover entry of ours is replaced,
+// with its subtree, so that our place is always at the back.
 func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	ops := api.TxnOps{
 		kvOp(api.KVGetOrEmpty, m.tailKey),
 		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
-		kvOp(api.KVDelete, m.queueKey),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id}},
+		kvOp(api.KVDeleteTree, m.queueKey),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 		kvOp(api.KVGetOrEmpty, m.lockKey),
 	}
 	a.left = true
@@ -575,7 +553,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	case errors.As(err, &rb) && rb.denied():
 		return nil, txnError("queue up on "+m.name, rb)
 	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
-		// Our own queue key can only be in a lock-delay if our session was
+		// Our own entry can only be in a lock-delay if our session was
 		// invalidated.
 		return nil, m.s.ended()
 	case rb != nil:
@@ -598,11 +576,11 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	if me == nil {
 		return nil, errors.New("holdfast/consul: queue up: Consul's answer has no queue entry of ours")
 	}
-	a.queueIndex = me.CreateIndex
+	a.queueIndex, a.tailIndex, a.mine = me.CreateIndex, me.CreateIndex, me.CreateIndex
 	if a.since == 0 {
 		a.since = me.CreateIndex
 	}
-	a.pred, a.lost = nil, false
+	a.pred, a.linked, a.lost, a.next = nil, false, false, nil
 	if p, ok := m.tailEntry(tail); ok {
 		a.pred = &p
 		// Our own earlier entry (it was replaced): we do not know who
@@ -634,11 +612,15 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 }
 
 // read returns the subtree of the lock, in one read-only transaction.
-func (a *acquisition) read(ctx context.Context) (view, error) {
-	m := a.m
+func (a *acquisition) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
+	return a.m.read(ctx, ops...)
+}
+
+// read returns the subtree of the lock, in one transaction, after ops.
+func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	resp, err := m.s.txn(rctx, append(ops, kvOp(api.KVGetTree, m.prefix)))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -660,26 +642,14 @@ func (a *acquisition) get(ctx context.Context, key string) (*api.KVPair, error) 
 	return pair, nil
 }
 
-// watch blocks until key's ModifyIndex is no longer index (it changed or is
-// gone), and returns the key as it then is (nil if gone); see
-// Session.watchKey.
-func (a *acquisition) watch(ctx context.Context, key string, index uint64) (*api.KVPair, error) {
-	return a.m.s.watchKey(ctx, key, index, 0)
-}
-
-// dropDead deletes queue entries whose session is gone; see
-// Session.dropDead.
-func (a *acquisition) dropDead(ctx context.Context, dead []*api.KVPair) { a.m.s.dropDead(ctx, dead) }
-
 // watchKey blocks until key's ModifyIndex is no longer index (it changed or
 // is gone), and returns the key as it then is (nil if gone). Each blocking
 // query waits at most blockWait and has a client-side timeout; timeouts and
-// transport errors are retried until ctx ends (with the session, if the
-// store stays unreachable). With bound > 0 it returns nil, nil once bound
-// has passed without a change.
+// transport errors are retried (core.Backoff) until ctx ends (with the
+// session, if the store stays unreachable). With bound > 0 it returns nil,
+// nil once bound has passed without a change.
 func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound time.Duration) (*api.KVPair, error) {
 	wait := index
-	pause := minPause
 	start := time.Now()
 	for {
 		w := blockWait
@@ -688,41 +658,74 @@ func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound 
 				return nil, nil
 			}
 		}
-		qctx, cancel := context.WithTimeout(ctx, blockTimeout(w))
-		q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
-		pair, meta, err := s.client.KV().Get(key, q.WithContext(qctx))
-		cancel()
+		var pair *api.KVPair
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(w), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: wait, WaitTime: w}
+			pair, meta, err = s.client.KV().Get(key, q.WithContext(ctx))
+			return err
+		})
 		switch {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case err != nil && statusCode(err) >= 400 && statusCode(err) < 500:
-			return nil, apiError("watch "+key, err)
 		case err != nil:
-			if !sleep(ctx, pause) {
-				return nil, ctx.Err()
-			}
-			pause = min(2*pause, maxPause)
-			continue
+			return nil, apiError("watch "+key, err)
 		case pair == nil || pair.ModifyIndex != index:
 			return pair, nil
 		}
-		pause = minPause
 		wait = max(meta.LastIndex, index)
 	}
 }
 
-// dropDead deletes keys whose session is gone (queue entries, contender
-// keys, left by sessions with Behavior release), if they are unchanged, at
-// most maxDropDead at a time. It is best effort: such keys are ignored
-// anyway.
+// watchTree blocks until the index of the subtree under prefix is no longer
+// index (something under it changed), and returns its keys and new index.
+// Timeouts and transport errors are retried as in watchKey. With bound > 0
+// it returns nil, index, nil once bound has passed without a change.
+func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bound time.Duration) (api.KVPairs, uint64, error) {
+	start := time.Now()
+	for {
+		w := blockWait
+		if bound > 0 {
+			if w = min(w, bound-time.Since(start)); w <= 0 {
+				return nil, index, nil
+			}
+		}
+		var pairs api.KVPairs
+		var meta *api.QueryMeta
+		err := core.Backoff{Attempt: blockTimeout(w), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
+			q := &api.QueryOptions{WaitIndex: index, WaitTime: w}
+			pairs, meta, err = s.client.KV().List(prefix, q.WithContext(ctx))
+			return err
+		})
+		switch {
+		case ctx.Err() != nil:
+			return nil, 0, ctx.Err()
+		case err != nil:
+			return nil, 0, apiError("watch "+prefix, err)
+		case meta.LastIndex != index:
+			return pairs, meta.LastIndex, nil
+		}
+	}
+}
+
+// queryRefused reports whether a blocking query was refused (HTTP 4xx: an
+// ACL, a bad request): retrying cannot change that.
+func queryRefused(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
+
+// dropDead deletes keys whose session is gone (queue entries with their
+// subtrees, contender keys, left by sessions with Behavior release), at most
+// maxDropDead at a time. It is best effort: such keys are ignored anyway.
 func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 	if len(dead) == 0 {
 		return
 	}
 	dead = dead[:min(len(dead), maxDropDead)]
-	ops := make(api.TxnOps, 0, len(dead))
+	ops := make(api.TxnOps, 0, 2*len(dead))
 	for _, e := range dead {
 		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
+		if i := strings.Index(e.Key, queueInfix); i >= 0 && !strings.Contains(e.Key[i+len(queueInfix):], "/") {
+			ops = append(ops, kvOp(api.KVDeleteTree, e.Key+"/")) // a queue entry's links and marks
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -737,19 +740,41 @@ type view struct {
 	me    *api.KVPair   // our live queue entry, if any
 	tail  *api.KVPair   // the tail key, if present
 	other string        // a key of a longer name, if any
+	// Under our entry: the live link behind it (the latest), our anchor
+	// (the latest), the held mark.
+	next   *waiter
+	anchor *api.KVPair
+	held   *api.KVPair
+	// holders are the sessions whose entry has a held mark: the holder,
+	// or one that lost its grant and has not left yet.
+	holders map[string]bool
+}
+
+// waiting returns the number of live entries that wait (no held mark).
+func (v view) waiting() int {
+	n := 0
+	for _, e := range v.queue {
+		if !v.holders[e.Session] {
+			n++
+		}
+	}
+	return n
 }
 
 // parse builds a view from the results of a transaction that read the
-// subtree "<name>/" (other results about those keys are merged in).
+// subtree "<name>/" or part of it (other results about those keys are
+// merged in; the last answer about the lock key is the latest).
 func (m *Mutex) parse(results []*api.TxnResult) view {
 	var v view
 	seen := make(map[string]bool, len(results))
+	mine := m.queueKey + "/"
+	var children []*api.KVPair // other entries' links and marks
 	for _, r := range results {
 		e := r.KV
-		if e == nil {
+		if e == nil || e.ModifyIndex == 0 {
 			continue
 		}
-		if e.Key == m.lockKey { // the last answer about it is the latest
+		if e.Key == m.lockKey {
 			v.lock = e
 			continue
 		}
@@ -762,7 +787,10 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 		}
 		seen[e.Key] = true
 		id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
+		sub, isMine := strings.CutPrefix(e.Key, mine)
 		switch {
+		case isMine:
+			v.child(m, sub, e)
 		case isQueue && id != "" && !strings.Contains(id, "/"):
 			if e.Session == "" {
 				v.dead = append(v.dead, e)
@@ -772,24 +800,47 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 			if e.Key == m.queueKey && e.Session == m.s.id {
 				v.me = e
 			}
+		case isQueue && id != "": // another entry's links and marks
+			session, _, _ := strings.Cut(id, "/")
+			if strings.TrimPrefix(id, session) == heldSuffix && e.Session != "" {
+				if v.holders == nil {
+					v.holders = make(map[string]bool)
+				}
+				v.holders[session] = true
+			}
+			children = append(children, e)
 		case strings.HasPrefix(e.Key, m.prefix):
 			v.other = e.Key
 		}
 	}
 	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
+	for _, e := range children {
+		// Under an entry that is gone (deleted with its session, Behavior
+		// delete): dead too.
+		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix), "/"); !seen[m.queuePrefix+entry] {
+			v.dead = append(v.dead, e)
+		}
+	}
 	return v
 }
 
-// successors returns the first two live entries of queue (sorted) other than
-// ours: whom to hand the lock to.
-func (m *Mutex) successors(queue []*api.KVPair) []waiter {
-	var ws []waiter
-	for _, e := range queue {
-		if e.Key != m.queueKey && e.Session != "" && len(ws) < 2 {
-			ws = append(ws, waiter{key: e.Key, session: e.Session, index: e.ModifyIndex})
+// child notes e, the key sub under our entry.
+func (v *view) child(m *Mutex, sub string, e *api.KVPair) {
+	switch {
+	case sub == heldSuffix[1:]:
+		v.held = e
+	case strings.HasPrefix(sub, nextInfix[1:]):
+		w := strings.TrimPrefix(sub, nextInfix[1:])
+		index, err := strconv.ParseUint(string(e.Value), 10, 64)
+		if err == nil && w != "" && e.Session == w && (v.next == nil || index > v.next.index) {
+			n := m.entry(w, index)
+			v.next = &n
+		}
+	case strings.HasPrefix(sub, prevInfix[1:]):
+		if v.anchor == nil || e.CreateIndex > v.anchor.CreateIndex {
+			v.anchor = e
 		}
 	}
-	return ws
 }
 
 // predecessor returns the live entry just ahead of ours, or nil at the head.
@@ -829,238 +880,234 @@ func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	return nil
 }
 
-// lockHold is a Mutex grant's release state. Used only by the release,
-// which runs once, in one goroutine: whom to hand the lock to (up to two
-// waiters, in queue order), and the lock key's ModifyIndex as we last saw
-// it; the tail key as we last read it (nil if absent; tailKnown: read at
-// all), and whether that read showed no live waiter behind us (alone); the
-// CreateIndex of our last queue entry, if we queued.
+// lockHold is the release state of a grant taken through the queue (a
+// Mutex's, or an Election's with resign). Used only by the release, which
+// runs once, in one goroutine: the waiter linked behind us (nil: none
+// known), our token, our entry's CreateIndex, the tail key's ModifyIndex
+// when it named our entry last as far as we know (0: absent), and the index
+// of our entry's subtree as last seen.
 type lockHold struct {
-	m         *Mutex
-	next      []waiter
-	index     uint64
-	tail      *api.KVPair
-	tailKnown bool
-	alone     bool
-	queued    uint64
+	m          *Mutex
+	resign     bool
+	next       *waiter
+	token      uint64
+	queueIndex uint64
+	tailIndex  uint64
+	mine       uint64
 }
 
-// errStale means that the lock key or the waiter we meant to hand it to
-// changed since we last read them: read the queue again.
-var errStale = errors.New("the lock key or its next waiter changed")
+// errStale means that the waiter we meant to hand the lock to, or the tail
+// key, changed since we learnt them: look again.
+var errStale = errors.New("the next waiter or the tail key changed")
 
-// announceWait bounds how long a release waits for a waiter that queued
-// behind the holder to announce itself (see Grant.look), before it reads
-// the whole queue instead.
-const announceWait = 250 * time.Millisecond
-
-// release ends a Mutex's grant in Consul; the session runs it in the
+// release ends a grant taken through the queue; the session runs it in the
 // background (see core.Grant), retried on transport errors while the
-// session lives.
-// After Unlock it hands the lock over (see handOver) or deletes the key.
-// When the grant does not know whom to hand it to, or that nobody waits,
-// or the key changed since (a waiter announced itself), it first reads the
-// lock key and the tail key (see look), and the whole queue only if that
-// does not tell. After a loss it deletes the key if our session still holds
-// it (see Session.releaseKey).
+// session lives. After Unlock it hands the lock to the waiter linked behind
+// us (see pass), or deletes it with our entry if nobody queued behind us;
+// when neither is known to hold, it learns who did (see look). After a loss
+// it leaves the queue (see Mutex.leave) and deletes the lock key if our
+// session still holds it.
 func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 	if !errors.Is(context.Cause(gr.Context()), holdfast.ErrReleased) {
-		return releasePlain(ctx, g.m, g.queued) // a lost grant
+		return g.drop(ctx, gr) // a lost grant
 	}
-	err := errStale
-	if len(g.next) > 0 || g.tailKnown && g.alone {
-		err = g.handOver(ctx)
-	}
-	for i := 0; i < 4 && errors.Is(err, errStale); i++ {
-		if i < 2 {
-			err = g.look(ctx)
+	var err error
+	for i := 0; i < 4; i++ {
+		if g.next != nil {
+			err = g.pass(ctx)
 		} else {
-			err = g.refresh(ctx)
+			err = g.alone(ctx)
 		}
-		if err == nil {
-			err = g.handOver(ctx)
+		if !errors.Is(err, errStale) {
+			break
 		}
+		if err = g.look(ctx, i == 0); err != nil {
+			break
+		}
+		err = errStale
 	}
 	if errors.Is(err, holdfast.ErrNotHeld) {
+		// The key was deleted or taken over from outside: leave the queue.
 		g.m.s.checkSoon()
+		if _, lerr := g.m.leave(ctx); lerr != nil {
+			return lerr
+		}
 	}
 	return err // errStale four times over: retried
 }
 
-// drop releases the lock key as the session closes (see releaser).
+// drop releases the lock key without handing it over, and leaves the queue
+// (after a loss, or as the session closes).
 func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
-	return g.m.s.releaseKey(ctx, g.m.lockKey)
+	err := g.m.s.releaseKey(ctx, g.m.lockKey)
+	_, lerr := g.m.leave(ctx)
+	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
+		return lerr
+	}
+	return err
 }
 
-// handOver, the write behind Unlock, hands the lock to the first waiter we
-// know of, or deletes the key if we know that nobody waits, in one
-// transaction:
+// pass, the write behind Unlock, hands the lock to the waiter w linked
+// behind us, in one transaction: [check-session of the lock key on our
+// session, unlock it, lock it for w's session, check-session and
+// check-index of w's entry, write w's held mark, delete w's anchor on us,
+// delete our entry and its subtree]. w's blocking query on its subtree
+// answers with the mark: it holds, with the ModifyIndex of this write as
+// its token, and knows whom it hands to next (its own link). With resign
+// (an Election's grant) the key is deleted instead, and w, woken by its
+// anchor's deletion, takes it itself.
 //
-//   - with a waiter w: [check-session of the lock key on our session,
-//     unlock it, lock it for w's session with the value naming the waiter
-//     after w, check-session of w's queue key on w's session, delete-cas of
-//     w's queue key at the index we saw, and if the tail key names w, a
-//     delete-cas of it]: w's acquisition sees the key held by its session
-//     and takes the grant, with the ModifyIndex of this write as its token;
-//   - with none: [check-session, check-index of the lock key at g.index
-//     (our token, unless we have read the key since), check that the tail
-//     key is as we read it (absent, or a delete-cas), delete the lock key]:
-//     a waiter that queued after our read moved the tail key, and one that
-//     queued after we acquired the key has announced itself with a write to
-//     the key (see acquisition.announce), so a check fails then.
-//
-// A failed check-session is an error wrapping holdfast.ErrNotHeld; any
-// other failed check is errStale.
-func (g *lockHold) handOver(ctx context.Context) error {
-	s, m, key := g.m.s, g.m, g.m.lockKey
+// A failed check-session is an error wrapping holdfast.ErrNotHeld; a
+// failed check of w is errStale.
+func (g *lockHold) pass(ctx context.Context) error {
+	s, m, key, w := g.m.s, g.m, g.m.lockKey, *g.next
 	ops := releaseGuard(key, s.id)
 	held := len(ops) // ops before this index check that we hold the key
-	switch {
-	case len(g.next) > 0:
-		w := g.next[0]
-		ops = append(ops,
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}},
-			lockOp(key, w.session, nextValue(g.next[1:])))
-		ops = append(append(ops, nextGuard(w)...), kvOp(api.KVDelete, w.key))
-		if t, ok := m.tailEntry(g.tail); ok && g.tailKnown && t == w {
-			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex)) // w was the last to queue
-		}
-	case !g.tailKnown || !g.alone:
-		return errStale // we do not know that nobody waits
-	default:
-		ops = append(ops, checkIndex(key, g.index))
-		if g.tail == nil {
-			ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
-		} else {
-			ops = append(ops, deleteCAS(m.tailKey, g.tail.ModifyIndex))
-		}
+	if g.resign {
 		ops = append(ops, kvOp(api.KVDelete, key))
+	} else {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}})
+		held = len(ops) // the unlock checks our session too
+		ops = append(append(ops, lockOp(key, w.session, []byte(valueTaken))), nextGuard(w)...)
+		ops = append(ops,
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}
-	_, err := s.txn(ctx, ops)
+	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVDeleteTree, m.queueKey))
+	return g.send(ctx, ops, held)
+}
+
+// alone releases the lock when nobody queued behind us: [check-session,
+// delete-cas of the tail key at the index it had when it named our entry
+// (or check that it is absent), delete the lock key, delete our entry and
+// its subtree]. A waiter that queued behind us moved the tail key: errStale.
+func (g *lockHold) alone(ctx context.Context) error {
+	m := g.m
+	ops := releaseGuard(m.lockKey, m.s.id)
+	held := len(ops)
+	if g.tailIndex == 0 {
+		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
+	} else {
+		ops = append(ops, deleteCAS(m.tailKey, g.tailIndex))
+	}
+	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVDeleteTree, m.queueKey))
+	return g.send(ctx, ops, held)
+}
+
+// send runs a release's transaction; ops before held check that we hold
+// the lock key.
+func (g *lockHold) send(ctx context.Context, ops api.TxnOps, held int) error {
+	_, err := g.m.s.txn(ctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &rb) && rb.denied():
-		return txnError("unlock "+key, rb)
-	case rb != nil && (rb.failedBefore(held) || len(g.next) > 0 && rb.failed(held)):
-		// Our check-session, or the unlock (which checks our session too).
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, s.id)
+		return txnError("unlock "+g.m.lockKey, rb)
+	case rb != nil && rb.failedBefore(held):
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, g.m.lockKey, g.m.s.id)
 	case rb != nil:
-		g.tailKnown = false
+		g.next = nil
 		return errStale
 	default:
 		return err
 	}
 }
 
-// look reads the lock key and the tail key, in one read-only transaction:
-// whom to hand the lock to now (the waiter that announced itself in the
-// lock key's value), and whether anybody queued behind us (the tail key
-// names an entry other than ours). When somebody did but has not announced
-// itself yet, it waits (a blocking query on the lock key) up to announceWait
-// for that, and then reads the whole queue (see refresh). It returns an
-// error wrapping holdfast.ErrNotHeld if our session no longer holds the
-// key.
-func (g *lockHold) look(ctx context.Context) error {
+// look learns whom to hand the lock to. First (wait), it blocks on our
+// entry's subtree up to linkWait for the link of the waiter that queued
+// behind us (it links itself as soon as it has queued). Otherwise it reads
+// the whole queue: the first live entry other than ours is the next
+// waiter, and if there is none, the tail key's index is noted (nobody
+// queues behind us). Dead entries it finds are deleted (at most 64 at a
+// time). It returns an error wrapping holdfast.ErrNotHeld if our session
+// no longer holds the key.
+func (g *lockHold) look(ctx context.Context, wait bool) error {
 	m := g.m
-	for waited := false; ; waited = true {
-		resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey)})
-		var rb *rollback
-		switch {
-		case errors.As(err, &rb):
-			return txnError("read "+m.lockKey, rb)
-		case err != nil:
-			return err
-		}
-		var lock, tail *api.KVPair
-		for _, r := range resp.Results {
-			switch e := r.KV; {
-			case e == nil || e.ModifyIndex == 0:
-			case e.Key == m.lockKey:
-				lock = e
-			case e.Key == m.tailKey:
-				tail = e
+	if wait {
+		for start := time.Now(); time.Since(start) < linkWait; {
+			pairs, index, err := m.s.watchTree(ctx, m.queueKey, g.mine, linkWait-time.Since(start))
+			if err != nil {
+				return err
+			}
+			if pairs == nil && index == g.mine {
+				break // no link came
+			}
+			g.mine = index
+			results := make([]*api.TxnResult, 0, len(pairs))
+			for _, p := range pairs {
+				results = append(results, &api.TxnResult{KV: p})
+			}
+			if v := m.parse(results); v.next != nil {
+				g.next = v.next
+				return nil
 			}
 		}
-		if lock == nil || lock.Session != m.s.id {
-			return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
-		}
-		g.index, g.tail, g.tailKnown, g.next = lock.ModifyIndex, tail, true, nil
-		if w, ok := m.announced(lock); ok && w.session != m.s.id {
-			g.next = []waiter{w}
-			return nil
-		}
-		t, ok := m.tailEntry(tail)
-		if g.alone = !ok || t.session == m.s.id && t.index == g.queued; g.alone {
-			return nil
-		}
-		// Somebody queued behind us: it announces itself once it sees that
-		// we hold the lock, unless it knows that we know of it: we took the
-		// free key after it queued (reading the queue), or the value names
-		// it. Then, or if it does not announce itself, read the queue.
-		if w, ok := m.named(lock); waited || string(lock.Value) == valueTaken && t.index < g.index || ok && w == t {
-			return g.refresh(ctx)
-		}
-		now, err := m.s.watchKey(ctx, m.lockKey, lock.ModifyIndex, announceWait)
-		if err != nil {
-			return err
-		}
-		if now == nil {
-			return g.refresh(ctx) // no announcement, or the key is gone
-		}
 	}
-}
-
-// refresh reads the lock key and the queue: whom to hand the lock to now,
-// and the key's current index. It deletes dead entries it finds (at most 64
-// at a time). It returns an error wrapping holdfast.ErrNotHeld if our
-// session no longer holds the key.
-func (g *lockHold) refresh(ctx context.Context) error {
-	m := g.m
-	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return txnError("read "+m.name, rb)
-	case err != nil:
+	v, err := m.read(ctx)
+	if err != nil {
 		return err
 	}
-	v := m.parse(resp.Results)
 	if v.lock == nil || v.lock.Session != m.s.id {
 		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
 	}
 	m.s.dropDead(ctx, v.dead)
-	g.index = v.lock.ModifyIndex
-	g.next = m.successors(v.queue)
-	g.tail, g.tailKnown, g.alone = v.tail, true, len(g.next) == 0
+	g.next, g.tailIndex = nil, 0
+	for _, e := range v.queue {
+		if e.Key != m.queueKey {
+			w := m.entry(e.Session, e.CreateIndex)
+			g.next = &w
+			return nil
+		}
+	}
+	if v.tail != nil {
+		g.tailIndex = v.tail.ModifyIndex
+	}
 	return nil
 }
 
-// releasePlain releases m's lock key without handing it over (an
-// election's grant, a lost grant): [check-session, delete] of the lock key
-// (see Session.releaseKey), which reads the tail key too; if the tail key
-// names our own last queue entry (CreateIndex queued: nobody queued after
-// us), it is deleted, if unchanged.
-func releasePlain(ctx context.Context, m *Mutex, queued uint64) error {
+// leave takes our entry out of the queue: one transaction reads and
+// deletes our entry's subtree and reads the lock key; then the anchors on
+// us of the waiters linked behind us are deleted (which wakes them: they
+// link themselves again, to the entry ahead of ours), and if the tail key
+// names our session, it is repaired (see Mutex.repairTail). It returns the
+// lock key as read.
+func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	s := m.s
-	ops := append(releaseGuard(m.lockKey, s.id), kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey))
-	resp, err := s.txn(ctx, ops)
+	resp, err := s.txn(ctx, api.TxnOps{
+		kvOp(api.KVGetTree, m.queueKey), kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey),
+		kvOp(api.KVDeleteTree, m.queueKey),
+	})
 	var rb *rollback
 	switch {
-	case errors.As(err, &rb) && rb.denied():
-		return txnError("release "+m.lockKey, rb)
-	case rb != nil:
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, s.id)
+	case errors.As(err, &rb):
+		return nil, txnError("leave the queue of "+m.name, rb)
 	case err != nil:
-		return err
+		return nil, err
 	}
+	var lock, tail *api.KVPair
+	var wake api.TxnOps
 	for _, r := range resp.Results {
-		if e := r.KV; e != nil && e.Key == m.tailKey {
-			if t, ok := m.tailEntry(e); ok && t.session == s.id && t.index == queued {
-				_, _ = s.txn(ctx, api.TxnOps{deleteCAS(m.tailKey, e.ModifyIndex)})
-			}
+		switch e := r.KV; {
+		case e == nil || e.ModifyIndex == 0:
+		case e.Key == m.lockKey:
+			lock = e
+		case e.Key == m.tailKey:
+			tail = e
+		case strings.HasPrefix(e.Key, m.queueKey+nextInfix) && e.Session != "":
+			wake = append(wake, kvOp(api.KVDelete, m.queuePrefix+e.Session+prevInfix+s.id))
+		case strings.HasPrefix(e.Key, m.queueKey+prevInfix): // our link under our predecessor
+			wake = append(wake, kvOp(api.KVDelete, m.queuePrefix+strings.TrimPrefix(e.Key, m.queueKey+prevInfix)+nextInfix+s.id))
 		}
 	}
-	return nil
+	if len(wake) > 0 {
+		if _, err := s.txn(ctx, wake[:min(len(wake), MaxTxnOps)]); err != nil {
+			return nil, err
+		}
+	}
+	if t, ok := m.tailEntry(tail); ok && t.session == s.id {
+		if err := m.repairTail(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return lock, nil
 }

@@ -47,11 +47,6 @@ const (
 	monitorWait = 10 * time.Second
 	// closeTimeout bounds the requests Close makes.
 	closeTimeout = 10 * time.Second
-	// minPause and maxPause bound the pause of queue.go's wait loop
-	// before a failed read is retried (the other loops use core.Backoff,
-	// whose pauses these match).
-	minPause = 50 * time.Millisecond
-	maxPause = time.Second
 	// maxDelayCache bounds the cache of other sessions' lock-delays.
 	maxDelayCache = 1024
 	// maxCheckOps is the most keys one read of the held keys covers (see

@@ -91,6 +91,14 @@ func backend(c *etcdtest.Cluster) conformance.Backend {
 			}
 			return conformance.AsRWLocker[*etcd.Grant](rw), f
 		},
+		TryNewRWMutex: func(t *testing.T, name string, opts ...holdfast.LockOption) (conformance.RWLocker, error) {
+			s, _ := conformanceSession(t, c)
+			rw, err := etcd.NewRWMutex(s, name, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return conformance.AsRWLocker[*etcd.Grant](rw), nil
+		},
 		NewElection: func(t *testing.T, name string) (leader.Candidate[holdfast.Grant], conformance.Faults) {
 			s, f := conformanceSession(t, c)
 			e, err := etcd.NewElection(s, name)

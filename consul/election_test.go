@@ -117,7 +117,8 @@ func TestElectionLockDelayFailover(t *testing.T) {
 	if l := nextLeader(t, obs, 5*time.Second); l.Term != g1.Token() {
 		t.Fatalf("Observe: %+v, want term %d", l, g1.Token())
 	}
-	s2 := newSession(t, c, WithLockDelay(delay))
+	c2, cnt := countingClient(t, a)
+	s2 := newSession(t, c2, WithLockDelay(delay))
 	won := make(chan *Grant, 1)
 	go func() {
 		g, err := newElection(t, s2, name).Campaign(ctx, []byte("two"))
@@ -128,14 +129,20 @@ func TestElectionLockDelayFailover(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "the candidate queued", func() bool { return queueLen(t, c, name) == 1 })
 	time.Sleep(100 * time.Millisecond) // at the head, watching the lock key
-	start := time.Now()
+	start, n0 := time.Now(), cnt.n.Load()
 	destroy(t, c, s1.ID())
 	g2 := <-won
-	took := time.Since(start)
+	took, requests := time.Since(start), cnt.n.Load()-n0
 	if g2 == nil {
 		return
 	}
-	t.Logf("failover after session destroy: %v (lock-delay %v)", took, delay)
+	t.Logf("failover after session destroy: %v, %d requests (lock-delay %v)", took, requests, delay)
+	// Knowing the old leader's lock-delay (its queue entry states it), the
+	// candidate retries once when it ends, instead of polling every
+	// delayRetry (about 12 more requests over 300 ms).
+	if requests > 8 {
+		t.Errorf("the candidate made %d requests from the destroy to its win, want <= 8 (it polled: it did not know the lock-delay)", requests)
+	}
 	if took > delay+500*time.Millisecond || took < delay-50*time.Millisecond {
 		t.Fatalf("failover took %v, want within [%v, %v]", took, delay, delay+500*time.Millisecond)
 	}

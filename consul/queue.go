@@ -381,6 +381,7 @@ func (a *acquisition) link(ctx context.Context) error {
 	m, p := a.m, a.pred
 	ops := api.TxnOps{
 		checkIndex(p.key, p.index),
+		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: p.key}}, // a check's answer carries no value
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.key + nextInfix + m.s.id, Session: m.s.id, Value: strconv.AppendUint(nil, a.queueIndex, 10)}},
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + prevInfix + p.session, Session: p.session}},
 	}
@@ -402,8 +403,10 @@ func (a *acquisition) link(ctx context.Context) error {
 	for _, r := range resp.Results {
 		switch e := r.KV; {
 		case e == nil:
-		case e.Key == p.key: // the check's answer: its entry, whose value is its lock-delay
-			a.delay, a.known = entryDelay(e)
+		case e.Key == p.key: // the check's answer, then the get's: its value is its lock-delay
+			if d, ok := entryDelay(e); ok {
+				a.delay, a.known = d, true
+			}
 		default:
 			a.mine = max(a.mine, e.ModifyIndex)
 		}

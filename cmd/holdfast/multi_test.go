@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"os"
-	"regexp"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"

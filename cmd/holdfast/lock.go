@@ -59,10 +59,14 @@ is noticed lost before another client can be granted it.
 With --and NAME2 (repeatable) it locks NAME, NAME2... as one grant: each an
 ordinary lock of its name, taken in sorted order whatever the order given,
 so two such commands never deadlock; the loss of any of them stops CMD.
-HOLDFAST_KEY and HOLDFAST_TOKEN are then NAME's, and CMD also gets
-HOLDFAST_NAMES, HOLDFAST_KEYS and HOLDFAST_TOKENS (comma-separated, in
-sorted order of the names); a write to what one name protects is fenced by
-that name's token. The native tools' variables are not set.
+HOLDFAST_KEY and HOLDFAST_TOKEN are then NAME's, and CMD also gets one
+HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in the
+order of the command line (HOLDFAST_TOKEN_1 is NAME's, HOLDFAST_TOKEN_2 the
+first --and name's...), and HOLDFAST_NAMES, HOLDFAST_KEYS and
+HOLDFAST_TOKENS (comma-separated, in sorted order of the names); a write to
+what one name protects is fenced by that name's token. The native tools'
+variables are not set. With -v, holdfast names the name it waits on and
+every name's token.
 
 The key layout is the native one, so holdfast, "etcdctl lock NAME" and
 "consul lock NAME" (and concurrency.Mutex, api.Lock on NAME/.lock) exclude
@@ -121,7 +125,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	var also nameList
-	fs.Var(&also, "and", "also lock `NAME2` (repeatable): all the names as one grant, taken in sorted order (no deadlock); HOLDFAST_NAMES, HOLDFAST_KEYS, HOLDFAST_TOKENS list them")
+	fs.Var(&also, "and", "also lock `NAME2` (repeatable): all the names as one grant, taken in sorted order (no deadlock); HOLDFAST_TOKEN_<i> (and _NAME_, _KEY_) per name in command-line order, HOLDFAST_NAMES, HOLDFAST_KEYS, HOLDFAST_TOKENS list them")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
@@ -151,7 +155,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		defer stop()
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: len(also) == 0, bound: *timeout, try: *try, verbose: *vis.verbose}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: len(also) == 0, bound: *timeout, try: *try, verbose: *vis.verbose, also: also}
 		if *permits > 1 {
 			r.what = "its permit"
 		}
@@ -218,7 +222,8 @@ type runner struct {
 	try      bool
 	verbose  bool // -v: say what happens on stderr
 	extraEnv []string
-	native   bool // set the native lock commands' variables too
+	native   bool     // set the native lock commands' variables too
+	also     []string // lock --and: the other names (for -v)
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -271,14 +276,14 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			if r.verbose {
 				pctx, cancel := context.WithCancel(wctx)
 				reported := make(chan struct{})
-				go func() { defer close(reported); r.reportPosition(pctx, s, name) }()
+				go func() { defer close(reported); r.reportPosition(pctx, s, r.waitNames(name)) }()
 				defer func() { cancel(); <-reported }()
 			}
 			g, err = acquire(wctx, s)
 			return err
 		})
 		if err == nil {
-			r.verbosef("%s: acquired %s, token %s, after %v", name, r.what, g.Token(), time.Since(began).Round(time.Millisecond))
+			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
 			if r.try {
@@ -545,5 +550,5 @@ func (r runner) release(g holdfast.Grant, name string) {
 		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
 		return
 	}
-	r.verbosef("%s: released %s, token %s", name, r.what, g.Token())
+	r.verbosef("%s: released %s, %s", name, r.what, tokens(g))
 }

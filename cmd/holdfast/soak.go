@@ -104,6 +104,9 @@ func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				for _, v := range s.Witnesses {
 					fmt.Fprintln(e.stdout, "violation: not linearizable:", v)
 				}
+				for _, v := range s.Liveness.Violations {
+					fmt.Fprintln(e.stdout, "violation: liveness:", v)
+				}
 				for _, k := range s.LeftKeys {
 					fmt.Fprintln(e.stdout, "violation: key left:", k)
 				}

@@ -43,7 +43,18 @@ election's leader). holdfast's own bookkeeping keys and values are not shown.
 A lock's and an election's keys have the same layout: status reads keys with
 values as an election's; --kind lock or --kind election says which to show.
 --json prints one JSON object per state; --watch prints the state again each
-time the keys under NAME change (in place on a terminal), until interrupted.`,
+time the keys under NAME change (in place on a terminal), until interrupted.
+
+--timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store
+that does not answer within it, or refuses the connection, ends status with
+125.
+
+Exit status:
+  0               the state was shown; --watch was interrupted
+  2               a usage or input error, found before any request: a bad
+                  flag or argument, a missing or invalid NAME
+  125             the store was unreachable or silent within --timeout, or
+                  refused (permission)`,
 	flags: statusFlags,
 }
 
@@ -52,6 +63,7 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	kind := fs.String("kind", "auto", "auto, lock or election: how to show a lock's or an election's keys")
 	jsonOut := fs.Bool("json", false, "print JSON, one object per state")
 	watch := fs.Bool("watch", false, "print the state again on every change, until interrupted")
+	timeout := fs.Duration("timeout", statusTimeout, "bound on connecting and on each read: a store silent for this long ends status with 125")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) != 1 {
 			return usagef("want exactly one NAME")
@@ -65,19 +77,22 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		default:
 			return usagef("--kind %q: want auto, lock or election", *kind)
 		}
-		r, err := sf.reader(ctx)
+		if *timeout <= 0 {
+			return usagef("--timeout %v: want a positive duration", *timeout)
+		}
+		r, err := sf.reader(ctx, *timeout)
 		if err != nil {
 			return err
 		}
 		defer r.close()
 		p := printer{w: e.stdout, json: *jsonOut, clear: *watch && isTerminal(e.stdout)}
 		for {
-			st, err := r.read(ctx, name)
+			st, err := readBounded(ctx, r, name, *timeout)
 			if err != nil {
 				if ctx.Err() != nil && *watch {
 					return nil
 				}
-				return err
+				return explain(err, name, sf.describe())
 			}
 			if k := holdfast.Kind(*kind); k != "auto" && (st.Kind == holdfast.KindLock || st.Kind == holdfast.KindElection) {
 				st.Kind = k
@@ -92,10 +107,29 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				if ctx.Err() != nil {
 					return nil // interrupted
 				}
-				return err
+				return exitError{exitFailed, explainf(err, "%s: %s: %v", name, sf.describe(), err)}
 			}
 		}
 	}
+}
+
+// errSilent is the cause of a read that ran out of its --timeout: a
+// failure (125), unlike lock's errTimeout (124).
+var errSilent = errors.New("no answer")
+
+// statusTimeout is status's default --timeout (etcdctl's command timeout).
+const statusTimeout = 5 * time.Second
+
+// readBounded reads name's state through r within timeout: a store that
+// does not answer in time is a failure (125) that says so.
+func readBounded(ctx context.Context, r reader, name string, timeout time.Duration) (*holdfast.State, error) {
+	rctx, cancel := context.WithTimeoutCause(ctx, timeout, errSilent)
+	defer cancel()
+	st, err := r.read(rctx, name)
+	if err != nil && errors.Is(context.Cause(rctx), errSilent) && ctx.Err() == nil {
+		return nil, fmt.Errorf("did not answer within %v: %w", timeout, err)
+	}
+	return st, err
 }
 
 // view is what status prints of a state (the JSON of --json).
@@ -180,8 +214,9 @@ type reader interface {
 }
 
 // reader opens a read-only client on the store the flags name, with the
-// same TLS and authentication settings as the commands' sessions.
-func (f *storeFlags) reader(ctx context.Context) (reader, error) {
+// same TLS and authentication settings as the commands' sessions; timeout
+// bounds etcd's authentication.
+func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader, error) {
 	switch *f.backend {
 	case "etcd":
 		eps, err := endpointList("--endpoints", *f.endpoints)
@@ -194,7 +229,7 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 		}
 		cfg := clientv3.Config{
 			Endpoints:   eps,
-			DialTimeout: 5 * time.Second,
+			DialTimeout: timeout,
 			Logger:      zap.NewNop(),
 			Context:     ctx,
 			Username:    sec.user,
@@ -242,9 +277,6 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 	}
 }
 
-// requestTimeout bounds each read of status.
-const requestTimeout = 10 * time.Second
-
 type etcdReader struct {
 	c   *clientv3.Client
 	tls *tls.Config // for a diagnosis
@@ -253,9 +285,11 @@ type etcdReader struct {
 func (r etcdReader) close() { r.c.Close() }
 
 func (r etcdReader) read(ctx context.Context, name string) (*holdfast.State, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	st, err := hfetcd.Inspect(ctx, r.c, name)
+	var st *holdfast.State
+	err := failFastRefused(ctx, r.c.Endpoints(), func(ctx context.Context) (err error) {
+		st, err = hfetcd.Inspect(ctx, r.c, name)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w%s", err, diagnose(r.c.Endpoints(), r.tls, err))
 	}
@@ -309,8 +343,6 @@ type consulReader struct{ c *api.Client }
 func (r consulReader) close() {}
 
 func (r consulReader) read(ctx context.Context, name string) (*holdfast.State, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	return hfconsul.Inspect(ctx, r.c, name)
 }
 

@@ -42,6 +42,9 @@ func check(t *testing.T, s Summary, err error) {
 	for _, v := range s.ReleaseViolations {
 		t.Errorf("release: %s", v)
 	}
+	for _, v := range s.Liveness.Violations {
+		t.Errorf("liveness: %s", v)
+	}
 	if !s.OK() {
 		t.Errorf("checkers failed: linearizable=%v keys left=%v grants=%d", s.Linearizable, s.LeftKeys, s.Grants)
 	}

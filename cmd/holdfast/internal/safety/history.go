@@ -18,10 +18,13 @@ const (
 	Acquire Kind = iota // Lock; Token is the grant's, or the call failed
 	Put                 // a fenced write with Token; OK is whether it was accepted
 	Release             // Unlock of the grant with Token
+	// End: the context of the grant with Token ended (released or lost),
+	// at Call (= Return). Only the liveness checker reads it.
+	End
 )
 
 func (k Kind) String() string {
-	return [...]string{"acquire", "put", "release"}[k]
+	return [...]string{"acquire", "put", "release", "end"}[k]
 }
 
 // Op is one recorded operation: its invocation and its return.
@@ -132,6 +135,9 @@ var FencedMutex = porcupine.Model{
 func CheckLinearizable(ops []Op, shared bool, timeout time.Duration) porcupine.CheckResult {
 	hist := make([]porcupine.Operation, 0, len(ops))
 	for _, op := range ops {
+		if op.Kind == End {
+			continue
+		}
 		hist = append(hist, porcupine.Operation{ClientId: op.Client, Input: op, Call: int64(op.Call), Output: nil, Return: int64(op.Return)})
 	}
 	return porcupine.CheckOperationsTimeout(fencedModel(shared), hist, timeout)

@@ -48,12 +48,17 @@ type Summary struct {
 	// longest from such a fault to the next grant of a newer token.
 	Ended                  int
 	MaxNotice, MaxTakeover time.Duration
+	// Liveness: the intervals in which the lock was free (fewer live
+	// grants than the limit) while a client waited in Lock, the longest
+	// and their sum, each attributed to its nearest fault, and those over
+	// their bound (see CheckLiveness).
+	Liveness Liveness
 }
 
 // OK reports whether every checker passed.
 func (s Summary) OK() bool {
 	return len(s.FenceViolations) == 0 && len(s.ToldFirstViolations) == 0 && len(s.ReleaseViolations) == 0 &&
-		s.Linearizable == porcupine.Ok && len(s.LeftKeys) == 0 && s.Grants > 0
+		s.Linearizable == porcupine.Ok && len(s.LeftKeys) == 0 && s.Grants > 0 && len(s.Liveness.Violations) == 0
 }
 
 // String is the summary's report, one line per subject.
@@ -68,17 +73,21 @@ faults injected: %s
 operations: grants=%d lock_failures=%d sessions=%d lost=%d
 fenced writes: accepted=%d rejected=%d (stale)
 violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
-grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v`,
+grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v
+liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals, over their bound %d`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
 		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
 		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
-		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond))
+		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond),
+		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, len(s.Liveness.Violations))
 }
 
 // faultLog counts faults and measures notice and takeover times.
 type faultLog struct {
+	h         *History // the clock of spans
 	mu        sync.Mutex
 	counts    map[string]int
+	spans     []Fault // every fault injected, for the liveness checker
 	ended     int
 	notice    time.Duration
 	takeovers []takeover
@@ -89,6 +98,7 @@ type takeover struct {
 	token holdfast.Token
 }
 
+// count counts a fault of kind injected now; mended ends it.
 func (f *faultLog) count(kind string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,6 +106,17 @@ func (f *faultLog) count(kind string) {
 		f.counts = map[string]int{}
 	}
 	f.counts[kind]++
+	at := f.h.Now()
+	f.spans = append(f.spans, Fault{Kind: kind, Start: at, End: -1, EndsSessions: kind != "delete-waiter-key"})
+}
+
+// mended records that the fault injected last (if any) is mended.
+func (f *faultLog) mended() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.spans); n > 0 && f.spans[n-1].End < 0 {
+		f.spans[n-1].End = f.h.Now()
+	}
 }
 
 // victim starts timing a fault that cuts off the holder of g (if any), for
@@ -133,8 +154,9 @@ func (f *faultLog) victims(w *Workload, clients, servers, m int, window time.Dur
 	}
 }
 
-// finish fills s from the run's records.
-func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
+// finish fills s from the run's records; live bounds the liveness
+// checker.
+func finish(s *Summary, w *Workload, st Stats, faults *faultLog, live LivenessBounds) {
 	s.Stats = st
 	s.FenceViolations = CheckFence(w.Resource.Writes())
 	s.ToldFirstViolations, s.GrantsChecked = w.Tracker.Violations()
@@ -149,6 +171,7 @@ func finish(s *Summary, w *Workload, st Stats, faults *faultLog) {
 	}
 	faults.mu.Lock()
 	defer faults.mu.Unlock()
+	s.Liveness = CheckLiveness(ops, max(w.Tracker.Limit, 1), faults.spans, live)
 	s.Faults = faults.counts
 	s.Ended = faults.ended
 	s.MaxNotice = faults.notice
@@ -345,7 +368,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
-	faults := &faultLog{}
+	faults := &faultLog{h: w.History}
 	faultErr := make(chan error, 1)
 	admin, err := c.NewClient()
 	if err != nil {
@@ -361,7 +384,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 		p.Mend()
 	}
 	s := Summary{Backend: fmt.Sprintf("etcd (3 members), %s", o.Primitive), Duration: o.Duration}
-	finish(&s, w, st, faults)
+	finish(&s, w, st, faults, LivenessBounds{Base: time.Second, Expiry: etcd.MinTTL})
 	s.LeftKeys = leftKeysEtcd(c, name)
 	return s, err
 }
@@ -369,7 +392,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 // etcdFaults injects one fault at a time, each mended before the next.
 func etcdFaults(ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	defer faults.mended()
 	for ctx.Err() == nil {
+		faults.mended()
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
 		if ctx.Err() != nil {
 			return nil
@@ -635,12 +660,14 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
-	faults := &faultLog{}
+	faults := &faultLog{h: w.History}
 	faultErr := make(chan error, 1)
 	go func() {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+			defer faults.mended()
 			for runCtx.Err() == nil {
+				faults.mended()
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)
 				if runCtx.Err() != nil {
 					return nil
@@ -734,7 +761,7 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		p.Mend()
 	}
 	s := Summary{Backend: fmt.Sprintf("consul (3 servers), %s", o.Primitive), Duration: o.Duration}
-	finish(&s, w, st, faults)
+	finish(&s, w, st, faults, LivenessBounds{Base: time.Second, Expiry: 2 * consul.MinTTL, LockDelay: time.Second})
 	cli, aerr := admin()
 	if aerr != nil {
 		return s, errors.Join(err, aerr)

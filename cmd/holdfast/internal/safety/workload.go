@@ -121,6 +121,11 @@ func (w *Workload) client(ctx context.Context, c int) Stats {
 		h.Add(Op{Client: c, Kind: Acquire, Token: g.Token(), OK: true, Call: call, Return: ret})
 		st.Grants++
 		w.Tracker.Granted(c, g)
+		token := g.Token()
+		context.AfterFunc(g.Context(), func() {
+			at := h.Now()
+			h.Add(Op{Client: c, Kind: End, Token: token, OK: true, Call: at, Return: at})
+		})
 		n, until := 1+rand.IntN(writes), time.Time{}
 		if w.LongHolds > 0 && rand.Float64() < w.LongHolds {
 			n, until = -1, time.Now().Add(w.LongHold)

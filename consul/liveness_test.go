@@ -137,3 +137,86 @@ func TestLeaveLostWakeup(t *testing.T) {
 		})
 	}
 }
+
+// TestLateQueueUp (issue 25, defect 2): H holds; S's Lock has a 1 s
+// context and its queue-up reaches Consul only after the Lock gave up and
+// its cleanup ran. W queues behind, H unlocks: W is granted within 1.5 s
+// (the session sweeps S's late entry 250 ms after the cleanup, then again
+// later), and once W unlocks nothing is left under the name. Before the
+// fix, H handed the lock to S's late entry: the lock key stayed with S's
+// live session, and W still waited 5 s later (until S's session ended).
+func TestLateQueueUp(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	sc, ft := faultClient(t, a)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	hg, err := h.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ft.Inject(embedtest.TxnHas(string(api.KVSet), s.tailKey), 1, embedtest.FaultLate)
+	f.Late = 100 * time.Millisecond
+	if g, err := s.Lock(timeout(t, time.Second)); err == nil {
+		_ = g.Unlock(timeout(t, 5*time.Second))
+		t.Fatal("S's Lock succeeded: its queue-up was held")
+	}
+	<-f.Done()
+	if !slices.Contains(keys(t, admin, name), s.queueKey) {
+		t.Fatal("S's late queue-up left no entry: the test proves nothing")
+	}
+	wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
+	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	select {
+	case r := <-wres:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("W granted %v after H's Unlock", time.Since(freed))
+		if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("W still waits %v after H's Unlock (lock key %+v, keys %v)", time.Since(freed), lockKeyNow(t, admin, name), keys(t, admin, name))
+	}
+	if d := time.Since(freed); d > 1500*time.Millisecond {
+		t.Errorf("W granted %v after H's Unlock, want within 1.5 s", d)
+	}
+	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}
+
+// TestRefusedRetried (issue 25, defect 8): what Consul refuses without
+// applying it (a 500 "Missing node registration" for a moment after an
+// agent starts, "No cluster leader" during an election) is sent again:
+// NewSession and a Lock whose first request is refused succeed. Before the
+// fix, NewSession failed with the refusal (a CI run of TestStatusConsul).
+func TestRefusedRetried(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c, ft := faultClient(t, a)
+	f := ft.Inject(func(method, path string, _ []byte) bool { return path == "/v1/session/create" }, 1, embedtest.FaultRefuse)
+	f.Refusal = "apply failed: Missing node registration"
+	s := newSession(t, c, WithLockDelay(0))
+	select {
+	case <-f.Fired():
+	default:
+		t.Fatal("the session's creation was not refused: the test proves nothing")
+	}
+	m := newMutex(t, s, uniqueName(t))
+	f = ft.Inject(embedtest.TxnHas("", m.lockKey), 1, embedtest.FaultRefuse)
+	f.Refusal = "No cluster leader"
+	g, err := m.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Lock with its first transaction refused: %v", err)
+	}
+	<-f.Fired()
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}

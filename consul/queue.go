@@ -119,6 +119,9 @@ type acquisition struct {
 	// or the lock key (an acquire of unknown outcome, a handoff to us). On
 	// failure, the session cleans it up (see Session.cleanUp).
 	left bool
+	// uncertain is set once a write of ours got no answer: it may land
+	// after the cleanup (see Session.sweepLater).
+	uncertain bool
 	// since is the CreateIndex of our first queue entry: a lock key held by
 	// our session through a write after it was handed to us. queueIndex is
 	// the CreateIndex of our latest entry, and tailIndex the tail key's
@@ -372,6 +375,18 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 	return a.since != 0 && lock != nil && lock.Session == a.m.s.id && tokenOf(lock) > a.since
 }
 
+// send sends one of the acquisition's writes. One that got no answer
+// marks the acquisition uncertain: it may still be applied after our
+// cleanup has run (see Session.sweepLater).
+func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	resp, err := a.m.s.txn(ctx, ops)
+	var rb *rollback
+	if err != nil && !errors.As(err, &rb) {
+		a.uncertain = true
+	}
+	return resp, err
+}
+
 // link writes our link under our predecessor's entry and our anchor on it
 // under ours (step 3), in one transaction guarded by its entry being
 // unchanged; the anchor is acquired with its session, so that Consul
@@ -387,7 +402,7 @@ func (a *acquisition) link(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -504,7 +519,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -549,7 +564,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	a.left = true
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:

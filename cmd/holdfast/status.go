@@ -31,8 +31,8 @@ var statusCommand = &command{
 	usage: `usage: holdfast status [flags] NAME
 
 Shows what the store holds of NAME, read without writing anything: its kind
-(lock, semaphore with its limit, rwmutex, election; none when no key is
-there), the holders and the waiters in the order the store serves them, with
+(lock, semaphore with its limit, rwmutex, election, claim with the last
+period claimed and its token; none when no key is there), the holders and the waiters in the order the store serves them, with
 their fencing tokens, modes (read, write), sessions (etcd: lease ID, TTL and
 time left; Consul: session ID, TTL and lock-delay), values as their clients
 wrote them (an election's proposals), and whether holdfast or a native client
@@ -136,7 +136,7 @@ func readBounded(ctx context.Context, r reader, name string, timeout time.Durati
 type view struct {
 	Backend string          `json:"backend"`
 	Name    string          `json:"name"`
-	Kind    string          `json:"kind"`            // lock, semaphore, rwmutex, election, or none
+	Kind    string          `json:"kind"`            // lock, semaphore, rwmutex, election, claim, or none
 	Limit   int             `json:"limit,omitempty"` // a semaphore's
 	Index   uint64          `json:"index"`
 	Holders []contenderView `json:"holders"`
@@ -144,6 +144,10 @@ type view struct {
 	// Other lists keys under NAME/ that are no contender's (a longer
 	// name's, or a conflicting primitive's).
 	Other []string `json:"other,omitempty"`
+	// Period and PeriodToken are a claim's last period claimed (RFC 3339)
+	// and its token; its holder, if any, is that period's run.
+	Period      string `json:"period,omitempty"`
+	PeriodToken uint64 `json:"period_token,omitempty"`
 }
 
 // contenderView is one holder or waiter.
@@ -169,6 +173,12 @@ func newView(backend string, st *holdfast.State) view {
 	holder, waiter := "holder", "waiter"
 	if st.Kind == holdfast.KindElection {
 		holder, waiter = "leader", "candidate"
+	}
+	if st.Kind == holdfast.KindClaim {
+		holder = "run"
+		if !st.Period.IsZero() {
+			v.Period, v.PeriodToken = st.Period.Format(time.RFC3339Nano), uint64(st.PeriodToken)
+		}
 	}
 	conv := func(role string, c holdfast.Contender) contenderView {
 		cv := contenderView{Role: role, Key: c.Key, Token: uint64(c.Token), Mode: c.Mode, Session: c.Session, Value: string(c.Value), Origin: string(c.Origin)}
@@ -375,8 +385,13 @@ func (p printer) print(v view) error {
 		kind = "name" // no key says what it is
 	}
 	fmt.Fprintf(p.w, "%s %s %q at index %d: ", v.Backend, kind, v.Name, v.Index)
+	if v.Period != "" {
+		fmt.Fprintf(p.w, "period %s claimed, token %d; ", v.Period, v.PeriodToken)
+	}
 	all := append(append([]contenderView{}, v.Holders...), v.Waiters...)
-	if len(all) == 0 {
+	if len(all) == 0 && v.Kind == string(holdfast.KindClaim) {
+		fmt.Fprintln(p.w, "no run holds")
+	} else if len(all) == 0 {
 		fmt.Fprintln(p.w, "free, nobody waits")
 	} else {
 		fmt.Fprintf(p.w, "%d holder(s), %d waiter(s)\n", len(v.Holders), len(v.Waiters))

@@ -7,29 +7,45 @@ import (
 )
 
 // ErrClaimed is returned by a once-per-period claim (etcd.Once, consul.Once)
-// when the name's claim is taken: by another claimant of the same period, or
-// by the run of an earlier period that still holds it (then the period is
+// when the period may not run here: it was claimed already (by another
+// claimant, or by this one), a later period was claimed already, or the
+// run of an earlier period still holds the name (then the period is
 // skipped, as with Temporal's default overlap policy). It is returned at
 // once; claimants never queue.
 var ErrClaimed = errors.New("holdfast: already claimed")
+
+// ErrPeriodOver is returned by a once-per-period claim whose period was
+// over (by this process's clock) before the claim was made: asked for a
+// period that had ended, or answered by the store after its end (a pause,
+// a slow or frozen store). Nothing runs: if the store recorded the claim,
+// the period counts as claimed and is skipped. It wraps ErrClaimed.
+var ErrPeriodOver error = &named{ErrClaimed, "holdfast: the period was over before it was claimed"}
 
 // Schedule is the timing of a once-per-period claim. The periods are the
 // intervals [k*Every, (k+1)*Every) of Unix time (UTC; leap seconds ignored,
 // as Go does), so every replica derives the same period from its own wall
 // clock without talking to the others.
+//
+// The store records the last period claimed under the name, and keeps that
+// record when the run ends: a claim of that period or of an earlier one is
+// refused, whatever the delays, so no period runs twice and AtLeast is not
+// needed for that. A claim answered after its period is over does not run
+// (ErrPeriodOver).
 type Schedule struct {
 	// Every is the length of a period (required, > 0).
 	Every time.Duration
-	// AtLeast is how long a claim stays taken after it was made, even when
-	// its holder releases it sooner (0 to AtMost). A replica whose clock or
-	// scheduler is late by less than AtLeast therefore finds the period
-	// taken and does not run it again. Keep AtLeast + skew < Every, or a
-	// claim can still hold when the next period's claimants come.
+	// AtLeast is how long a run stays marked as running after the claim
+	// was made, even when its holder releases it sooner (0, the default,
+	// to AtMost): Unlock waits until then. A claim of a later period is
+	// refused while a run is marked, so AtLeast keeps a replica whose clock
+	// runs early (or whose cron fires early) from starting the next
+	// period's run less than AtLeast after this one's. It does not guard
+	// against a period running twice: the record does.
 	AtLeast time.Duration
-	// AtMost is the longest a claim lasts in the store if its holder never
-	// releases it (it crashed): the store frees it by then, so a dead
-	// holder does not block later periods. The holder is told earlier
-	// (its grant's context ends before the store may free the claim).
+	// AtMost is the longest a run stays marked in the store if its holder
+	// never releases it (it crashed): the store ends the mark by then, so
+	// a dead holder does not block later periods. The holder is told
+	// earlier (its grant's context ends before the store may end the mark).
 	// Required, > 0; stores have a floor of their own (etcd: 2 s; Consul:
 	// 20 s, twice its shortest session TTL).
 	AtMost time.Duration

@@ -1,5 +1,36 @@
 // Package holdfast defines one set of interfaces for distributed locks over
-// etcd and Consul, with a fencing token on every grant.
+// etcd and Consul, with a fencing token on every grant. The locks are in
+// the backends' packages, github.com/holdfast/holdfast/etcd and
+// github.com/holdfast/holdfast/consul (the same calls); on etcd, with
+// endpoints your cluster's client URLs (as in clientv3.Config):
+//
+//	s, err := etcd.Dial(ctx, endpoints) // one lease, kept alive, for every lock of the process
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer s.Close()
+//	m, err := etcd.NewMutex(s, "jobs/nightly-report")
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	g, err := m.Lock(ctx) // waits its turn; g.Context() ends if the lock is lost
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer func() {
+//		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+//		defer cancel()
+//		_ = g.Unlock(uctx) // if etcd does not answer in time, the session releases it later
+//	}()
+//	// g.Token() fences writes elsewhere; g.Txn commits only while the lock is held.
+//	record := fmt.Sprintf("done under token %d", g.Token())
+//	if _, err := g.Txn(g.Context(), clientv3.OpPut("reports/last", record)); err != nil {
+//		log.Fatal(err)
+//	}
+//
+// These lines are the body of package etcd's ExampleMutex_Lock (package
+// consul's ExampleDial does the same on Consul), run by go test. What those
+// lines rely on:
 //
 // A lease-based lock can be lost without its holder noticing: a long GC
 // pause, a slow network or a suspended VM lets the lease expire while the
@@ -15,8 +46,7 @@
 //     store could give the lock to another client, so the holder learns of the
 //     loss in time to stop.
 //
-// Backends live in sub-packages: holdfast/etcd and holdfast/consul. Their
-// locks return their own grant types (*etcd.Grant, *consul.Grant), which add
+// The backends' locks return their own grant types (*etcd.Grant, *consul.Grant), which add
 // guarded writes: store operations that commit only while the grant is still
 // held. [AsLocker] turns any of them into a [Locker] for code that should not
 // depend on the store. Both pass the same conformance suite

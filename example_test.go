@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/consul"
@@ -57,37 +58,44 @@ func ExampleValidateName() {
 }
 
 // AsLocker adapts a backend's lock to a holdfast.Locker, for code that should
-// not depend on the store (here a Consul agent started for the example).
+// not depend on the store (here Consul's).
 func ExampleAsLocker() {
-	agent, err := embedtest.StartConsul()
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer agent.Close()
-	ctx := context.Background()
-	s, err := consul.Dial(ctx, agent.HTTPAddr, consul.WithLockDelay(0))
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer s.Close()
-	m, err := consul.NewMutex(s, "jobs/nightly")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	forExamplesRunAgainstAnAgent(func(addr string) {
+		ctx := context.Background()
+		s, err := consul.Dial(ctx, addr, consul.WithLockDelay(0))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		m, err := consul.NewMutex(s, "jobs/nightly")
+		if err != nil {
+			log.Fatal(err)
+		}
 
-	var l holdfast.Locker = holdfast.AsLocker(m)
-	g, err := l.TryLock(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	_, isConsul := g.(*consul.Grant) // the backend's grant, unchanged
-	fmt.Println("locked:", g.Token() > 0, "consul grant:", isConsul)
-	fmt.Println("unlock:", g.Unlock(ctx))
+		var l holdfast.Locker = holdfast.AsLocker(m)
+		g, err := l.TryLock(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_, isConsul := g.(*consul.Grant) // the backend's grant, unchanged
+		fmt.Println("locked:", g.Token() > 0, "consul grant:", isConsul)
+		fmt.Println("unlock:", g.Unlock(ctx))
+	})
 	// Output:
 	// locked: true consul grant: true
 	// unlock: <nil>
+}
+
+// forExamplesRunAgainstAnAgent runs an example's body against a real
+// `consul agent -dev` started for it and stopped after it; addr is the
+// agent's HTTP address, where your code has yours ("" for
+// $CONSUL_HTTP_ADDR, else 127.0.0.1:8500). The body is the code a user
+// writes.
+func forExamplesRunAgainstAnAgent(example func(addr string)) {
+	agent, err := embedtest.StartConsul()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer agent.Close()
+	example(agent.HTTPAddr)
 }

@@ -14,6 +14,7 @@ const (
 	KindSemaphore Kind = "semaphore"
 	KindRWMutex   Kind = "rwmutex"
 	KindElection  Kind = "election"
+	KindClaim     Kind = "claim" // a once-per-period claim (etcd.Once, consul.Once)
 )
 
 // Origin says which client wrote a contender's key.
@@ -36,6 +37,11 @@ type State struct {
 	Kind Kind
 	// Limit is a semaphore's limit (0 for the other kinds).
 	Limit int
+	// Period is a claim's last period claimed and PeriodToken the token
+	// of that claim (zero for the other kinds). A claim's holder, if any,
+	// is the run of that period, still marked as running.
+	Period      time.Time
+	PeriodToken Token
 	// Index is the store's revision (etcd) or index (Consul) of the read:
 	// the state is as of this index.
 	Index uint64

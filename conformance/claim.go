@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,15 +72,20 @@ const claimRefusal = 2 * time.Second
 
 // testClaimOnce: 5 claimers claim one period at once: exactly one gets the
 // claim (non-zero token, key under the name), the 4 others are refused with
-// holdfast.ErrClaimed while it still holds, each within 2 s. The holder
-// releases at once; a claim of the same period right after is refused (the
-// claim stays AtLeast); once AtLeast and ClaimFree have passed, a claim of
-// the next period succeeds with a higher token, and after its release and
-// AtLeast nothing is left under the name.
+// holdfast.ErrClaimed, each within 2 s. The holder's Unlock waits until
+// AtLeast after the claim, and meanwhile a claim of the next period is
+// refused (the run stays marked). After it, a claim of the same period is
+// refused (the record), a claim of the next period succeeds (within
+// ClaimFree) with a higher token, and once it is released nothing is left
+// under the name but the record: one key, not the run's.
 func testClaimOnce(s *suite) {
 	sched := s.claimSchedule()
 	cs, _ := s.claimers(5, sched)
 	period := sched.Period(time.Now())
+	if time.Until(period.Add(sched.Every)) < sched.AtLeast+claimRefusal {
+		period = period.Add(sched.Every) // too close to its end: the next one
+		time.Sleep(time.Until(period))
+	}
 	ctx, cancel := s.ctx(s.op)
 	defer cancel()
 	type result struct {
@@ -97,6 +103,7 @@ func testClaimOnce(s *suite) {
 		})
 	}
 	wg.Wait()
+	made := time.Now()
 	var holder holdfast.Grant
 	for i, r := range res {
 		switch {
@@ -120,23 +127,33 @@ func testClaimOnce(s *suite) {
 	if err := holder.Context().Err(); err != nil {
 		s.t.Errorf("claim context done while held: %v", context.Cause(holder.Context()))
 	}
-	made := time.Now()
-	if err := holder.Unlock(ctx); err != nil {
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- holder.Unlock(ctx) }()
+	next := period.Add(sched.Every)
+	if sched.AtLeast > 500*time.Millisecond {
+		time.Sleep(time.Until(made.Add(sched.AtLeast / 2)))
+		if g, err := cs[1].ClaimPeriod(ctx, next); err == nil {
+			s.track(g)
+			s.t.Errorf("a claim of the next period during the release, %v after the claim (AtLeast %v), succeeded: %s", time.Since(made), sched.AtLeast, describe(g))
+		} else if !errors.Is(err, holdfast.ErrClaimed) {
+			s.t.Errorf("a claim of the next period during the release: %v, want holdfast.ErrClaimed", err)
+		}
+	}
+	if err := <-unlocked; err != nil {
 		s.t.Fatalf("Unlock of the claim: %v", err)
+	}
+	if took := time.Since(made); took < sched.AtLeast-claimSlop {
+		s.t.Errorf("Unlock returned %v after the claim, want no sooner than AtLeast %v", took, sched.AtLeast)
 	}
 	if !errors.Is(context.Cause(holder.Context()), holdfast.ErrReleased) {
 		s.t.Errorf("claim context cause after Unlock: %v, want holdfast.ErrReleased", context.Cause(holder.Context()))
 	}
-	if sched.AtLeast > 500*time.Millisecond {
-		if g, err := cs[1].ClaimPeriod(ctx, period); err == nil {
-			s.track(g)
-			s.t.Errorf("a claim of the same period right after an early release (AtLeast %v) succeeded: %s", sched.AtLeast, describe(g))
-		} else if !errors.Is(err, holdfast.ErrClaimed) {
-			s.t.Errorf("a claim of the same period right after the release: %v, want holdfast.ErrClaimed", err)
-		}
+	if g, err := cs[1].ClaimPeriod(ctx, period); err == nil {
+		s.track(g)
+		s.t.Errorf("a claim of the same period after the release succeeded: %s", describe(g))
+	} else if !errors.Is(err, holdfast.ErrClaimed) {
+		s.t.Errorf("a claim of the same period after the release: %v, want holdfast.ErrClaimed", err)
 	}
-	time.Sleep(time.Until(made.Add(sched.AtLeast)))
-	next := period.Add(sched.Every)
 	var g holdfast.Grant
 	deadline := time.Now().Add(s.b.ClaimFree + claimRefusal)
 	for {
@@ -156,9 +173,78 @@ func testClaimOnce(s *suite) {
 	if err := g.Unlock(ctx); err != nil {
 		s.t.Errorf("Unlock of the second claim: %v", err)
 	}
-	if ks, ok := s.waitKeys(sched.AtLeast+s.b.ClaimFree+settle, idle); !ok {
-		s.t.Errorf("keys left after the claims were released and AtLeast passed: %q", ks)
+	if ks, ok := s.waitKeys(s.b.ClaimFree+settle, recordOnly(g.Key())); !ok {
+		s.t.Errorf("keys left after the claims were released: %q, want the record only (one key, not %s)", ks, g.Key())
 	}
+}
+
+// claimSlop is how much sooner than AtLeast Unlock may return (the claim
+// was made before the answer reached the suite).
+const claimSlop = 200 * time.Millisecond
+
+// recordOnly accepts the keys of a claim that no run holds: at most one
+// key (the record), not the run's key run.
+func recordOnly(run string) func([]string) bool {
+	return func(ks []string) bool { return len(ks) <= 1 && !slices.Contains(ks, run) }
+}
+
+// testClaimLate: no period is claimed twice, whatever the delays. A claim
+// is made and released; past AtLeast + ClaimFree (when a claim that only
+// checks that a key is absent would succeed), a late claimer (paused, or
+// held up by a frozen store) claims the same period: refused with
+// holdfast.ErrClaimed. A claim of the next period (an early clock), then,
+// once released, one of this period: refused (a later period was claimed).
+// A claim of a period already over: refused with holdfast.ErrPeriodOver
+// (which wraps ErrClaimed). Periods of an hour, so that none ends during
+// the property.
+func testClaimLate(s *suite) {
+	sched := s.claimSchedule()
+	sched.Every = time.Hour
+	cs, _ := s.claimers(2, sched)
+	ctx, cancel := s.ctx(2*(sched.AtLeast+s.b.ClaimFree) + s.op)
+	defer cancel()
+	period := sched.Period(time.Now().Add(time.Minute)) // does not end during the property
+	over := sched.Period(time.Now()).Add(-sched.Every)
+	claimOne := func(c Claimer, p time.Time, what string) holdfast.Grant {
+		s.t.Helper()
+		var g holdfast.Grant
+		deadline := time.Now().Add(s.b.ClaimFree + claimRefusal)
+		for {
+			var err error
+			if g, err = c.ClaimPeriod(ctx, p); err == nil {
+				break
+			}
+			if !errors.Is(err, holdfast.ErrClaimed) || time.Now().After(deadline) {
+				s.t.Fatalf("%s: %v", what, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		s.track(g)
+		if err := g.Unlock(ctx); err != nil {
+			s.t.Fatalf("%s: Unlock: %v", what, err)
+		}
+		return g
+	}
+	refused := func(c Claimer, p time.Time, what string, want error) {
+		s.t.Helper()
+		g, err := c.ClaimPeriod(ctx, p)
+		if err == nil {
+			s.track(g)
+			s.t.Errorf("%s: claimed again: %s", what, describe(g))
+		} else if !errors.Is(err, want) {
+			s.t.Errorf("%s: %v, want an error wrapping %v", what, err, want)
+		}
+	}
+	first := claimOne(cs[0], period, "first claim of the period")
+	time.Sleep(sched.AtLeast + s.b.ClaimFree)
+	refused(cs[1], period, fmt.Sprintf("a claim of the same period %v after the run and AtLeast + ClaimFree", time.Since(first.Deadline())), holdfast.ErrClaimed)
+	next := claimOne(cs[0], period.Add(sched.Every), "a claim of the next period")
+	if next.Token() <= first.Token() {
+		s.t.Errorf("token of the next period's claim %d, want more than %d", next.Token(), first.Token())
+	}
+	time.Sleep(s.b.ClaimFree)
+	refused(cs[1], period, "a claim of this period after the next one's", holdfast.ErrClaimed)
+	refused(cs[1], over, "a claim of a period that is over", holdfast.ErrPeriodOver)
 }
 
 // testClaimAtMost: a holder cut off from the store right after its claim

@@ -225,6 +225,7 @@ var subtests = []subtest{
 	{"ElectionFailover", testElectionFailover, needsElection},
 
 	{"ClaimOnce", testClaimOnce, needsClaimer},
+	{"ClaimLate", testClaimLate, needsClaimer},
 	{"ClaimAtMost", testClaimAtMost, needsClaimer},
 	{"ClaimTicks", testClaimTicks, needsClaimer},
 

@@ -112,6 +112,8 @@ var brokenFakes = []struct {
 	{bugClaimNoAtLeast, []string{"ClaimOnce"}},
 	{bugClaimToldLate, []string{"ClaimAtMost"}},
 	{bugClaimStuck, []string{"ClaimAtMost", "ClaimTicks"}},
+	{bugClaimForgets, []string{"ClaimOnce", "ClaimLate"}},
+	{bugClaimPastPeriod, []string{"ClaimLate"}},
 
 	{bugMultiNoOrder, []string{"MultiNoDeadlock"}},
 	{bugMultiKeepsParts, []string{"MultiCancel"}},
@@ -259,6 +261,6 @@ var allSubtests = []string{
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade", "RWReentrancy",
 	"ElectionOneLeader", "ElectionObserve", "ElectionObserveWinners", "ElectionLeader", "ElectionResign", "ElectionFailover",
-	"ClaimOnce", "ClaimAtMost", "ClaimTicks",
+	"ClaimOnce", "ClaimLate", "ClaimAtMost", "ClaimTicks",
 	"MultiNoDeadlock", "MultiCancel", "MultiLoss", "MultiFIFO",
 }

@@ -97,8 +97,13 @@
 //     next candidate wins within OpTimeout with a higher term.
 //   - Once-per-period claim (Backend.NewClaimer, a [Claimer]): ClaimOnce, of
 //     5 claimants of a period exactly one gets it and the others get
-//     ErrClaimed at once, the claim stays AtLeast after an early release,
-//     then the next period's claim succeeds with a higher token; ClaimAtMost,
+//     ErrClaimed at once, Unlock keeps the run marked until AtLeast (the
+//     next period is refused meanwhile), the same period is refused after
+//     the run, the next period's claim succeeds with a higher token, and
+//     the record is the one key left; ClaimLate, no period is claimed
+//     twice whatever the delays: the same period past AtLeast + ClaimFree,
+//     an earlier period after a later one, and a period already over
+//     (ErrPeriodOver) are refused; ClaimAtMost,
 //     a claimant cut off while holding is told (its context ends) before
 //     anyone else can claim, and the claim is free by AtMost + ClaimFree;
 //     ClaimTicks, 5 claimants with offsets up to AtLeast/2 over 8 periods,
@@ -112,7 +117,7 @@
 //     (cause naming it) and Unlock releases the rest; MultiFIFO, waiters
 //     queued on a held name get the multi-name lock in arrival order.
 //
-// The suite is itself tested against a fake store with 55 deliberate bugs
+// The suite is itself tested against a fake store with 57 deliberate bugs
 // (in locks, semaphores, read-write locks, elections, claims and multi-name
 // locks), each of which some property must catch.
 package conformance

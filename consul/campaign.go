@@ -33,7 +33,7 @@ func campaign(value []byte) taking {
 			return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
 		},
 		handed: func(ctx context.Context, a *acquisition, _ uint64) (uint64, error) {
-			return retake(ctx, a.m, value)
+			return retake(ctx, a, value)
 		},
 		resign: true,
 	}
@@ -43,7 +43,8 @@ func campaign(value []byte) taking {
 // the Mutex's): in one transaction, guarded by our session holding the key,
 // it deletes the key and acquires it anew with value. The term is that
 // write's index.
-func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
+func retake(ctx context.Context, a *acquisition, value []byte) (uint64, error) {
+	m := a.m
 	ops := api.TxnOps{
 		checkSession(m.lockKey, m.s.id),
 		kvOp(api.KVDelete, m.lockKey),
@@ -51,7 +52,7 @@ func retake(ctx context.Context, m *Mutex, value []byte) (uint64, error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):

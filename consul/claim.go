@@ -2,7 +2,6 @@ package consul
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,19 +21,30 @@ const ClaimFlags uint64 = 0x686f6c64636c6d01
 // holdfast.ErrClaimed (see holdfast.Schedule for AtLeast, AtMost and the
 // periods).
 //
-// The claim is the key "<name>/.claim", created only if absent and acquired
-// by a Consul session of its own (never renewed, TTL AtMost/2, behavior
-// delete, lock-delay 0, no health checks): Consul invalidates a session
-// between TTL and 2 x TTL after it was created, so a claim whose holder died
-// is gone by AtMost (later only if a leader election re-arms the timer). The
-// holdfast Session only carries the requests. While any claim of the name
-// exists, every claim of the name is refused, whatever its period: a run
-// that outlasts its period makes the next ones skip.
+// Two keys, both flagged ClaimFlags: the record "<name>/.claim", held by no
+// session, whose value is the last period claimed (it stays when the run
+// ends: the one key a claim leaves, about 30 bytes), and the run's mark
+// "<name>/.run", acquired by a Consul session of its own (never renewed,
+// TTL AtMost/2, behavior delete, lock-delay 0, no health checks; Consul
+// invalidates it between TTL and 2 x TTL after its creation, later only if
+// a leader election re-arms the timer; Unlock destroys it). A claim reads
+// the record, then, if it is older than its period, creates the session and
+// in one transaction sets the record by check-and-set on the index it read
+// and acquires the mark if no run holds one; a record moved since the read
+// is read again. So a period is claimed once whatever the delays, and a
+// run that outlasts its period makes the next ones skip, until it ends or
+// AtMost frees its mark. The holdfast Session only carries the requests.
+//
+// A claim key of an older holdfast ("<name>/.claim" held by a session, with
+// a JSON value) refuses every claim until its session ends (AtMost); the
+// record then replaces it. An older holdfast is refused for ever once a
+// record exists: upgrade every replica of a name together.
 type Once struct {
-	s     *Session
-	name  string
-	key   string
-	sched holdfast.Schedule
+	s      *Session
+	name   string
+	record string // <name>/.claim
+	run    string // <name>/.run
+	sched  holdfast.Schedule
 }
 
 // NewOnce returns the claim called name, made through session s on
@@ -54,7 +64,7 @@ func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	if sched.AtMost < 2*MinTTL || sched.AtMost > 2*MaxTTL {
 		return nil, fmt.Errorf("%w: AtMost %v is not between %v and %v (twice Consul's session TTL bounds)", holdfast.ErrInvalidArgument, sched.AtMost, 2*MinTTL, 2*MaxTTL)
 	}
-	return &Once{s: s, name: name, key: name + "/.claim", sched: sched}, nil
+	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
 // Name returns the claim's name.
@@ -69,20 +79,26 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 	return o.ClaimPeriod(ctx, o.sched.Period(time.Now()))
 }
 
-// claimRecord is the value of a claim key.
-type claimRecord struct {
-	Period time.Time `json:"period"`
-}
-
-// ClaimPeriod claims the period that starts at period (only recorded and
-// reported: exclusion is per name). It returns the claim, or an error
-// wrapping holdfast.ErrClaimed at once if the name's claim is taken: one
-// session creation and one transaction (check-not-exists, lock). ctx bounds
-// both. Whatever a failed attempt created is removed by destroying its
-// session, in the background if need be.
+// ClaimPeriod claims the period that starts at period. It returns the
+// claim, or at once an error wrapping holdfast.ErrClaimed if the record
+// holds this period or a later one, or a run holds the mark; one wrapping
+// holdfast.ErrPeriodOver (and ErrClaimed) if period+Every had passed when
+// it was called (no request) or when the answer came (the period is then
+// recorded, and skipped). It costs a consistent read, and unless that
+// refuses, a session creation and one transaction (more if other claims
+// move the record meanwhile). ctx bounds them. A session that ends up
+// unused is destroyed before it returns (bounded; else in the background
+// while the holdfast session lives, and by its TTL anyway).
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := core.CheckPeriod(period); err != nil {
+		return nil, err
+	}
+	period = period.UTC()
+	if !time.Now().Before(period.Add(o.sched.Every)) {
+		return nil, o.over(period)
 	}
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
@@ -90,49 +106,80 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	ctx, stop := o.s.bind(ctx)
 	defer stop()
 	ttl := o.sched.AtMost / 2
-	sent := time.Now()
-	id, err := o.session(ctx, ttl)
-	if err != nil {
-		return nil, o.fail(ctx, err)
-	}
-	val, _ := json.Marshal(claimRecord{Period: period.UTC()})
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	resp, err := o.s.txn(rctx, api.TxnOps{
-		kvOp(api.KVCheckNotExists, o.key),
-		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.key, Flags: ClaimFlags, Session: id, Value: val}},
-	})
-	cancel()
-	got := time.Now()
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && !rb.denied():
-		o.destroy(id)
-		return nil, o.refused(ctx, period)
-	case errors.As(err, &rb):
-		o.destroy(id)
-		return nil, txnError("claim "+o.name, rb)
-	case err != nil:
-		o.destroy(id)
-		return nil, o.fail(ctx, err)
-	}
-	var index uint64
-	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == o.key {
-			index = r.KV.ModifyIndex
+	val := []byte(core.FormatPeriod(period))
+	var id string
+	var sent time.Time
+	for {
+		// 1. read the record: refused if it holds period or a later one
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		rec, _, err := o.s.client.KV().Get(o.record, (&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
+		cancel()
+		if err != nil {
+			o.destroyNow(ctx, id)
+			return nil, o.fail(ctx, apiError("read claim record "+o.record, err))
 		}
+		if err := o.refusedBy(period, rec); err != nil {
+			o.destroyNow(ctx, id)
+			return nil, err
+		}
+		// 2. a session for the run's mark
+		if id == "" {
+			sent = time.Now()
+			if id, err = o.session(ctx, ttl); err != nil {
+				return nil, o.fail(ctx, err)
+			}
+		}
+		// 3. record and mark in one transaction: check-and-set of the
+		// record on the index read (0: absent), no run marked
+		var index uint64
+		if rec != nil {
+			index = rec.ModifyIndex
+		}
+		rctx, cancel = context.WithTimeout(ctx, requestTimeout)
+		resp, err := o.s.txn(rctx, api.TxnOps{
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: o.record, Flags: ClaimFlags, Index: index, Value: val}},
+			kvOp(api.KVCheckNotExists, o.run),
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.run, Flags: ClaimFlags, Session: id, Value: val}},
+		})
+		cancel()
+		got := time.Now()
+		var rb *rollback
+		switch {
+		case errors.As(err, &rb) && rb.denied():
+			o.destroyNow(ctx, id)
+			return nil, txnError("claim "+o.name, rb)
+		case errors.As(err, &rb) && rb.failed(1):
+			o.destroyNow(ctx, id)
+			return nil, o.running(ctx, period)
+		case errors.As(err, &rb) && rb.failed(0):
+			continue // the record moved since the read: read it again
+		case err != nil:
+			o.destroyNow(ctx, id)
+			return nil, o.fail(ctx, err)
+		}
+		var token uint64
+		for _, r := range resp.Results {
+			if r.KV != nil && r.KV.Key == o.record {
+				token = r.KV.ModifyIndex
+			}
+		}
+		if token == 0 {
+			o.destroyNow(ctx, id)
+			return nil, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
+		}
+		if !got.Before(period.Add(o.sched.Every)) {
+			o.destroyNow(ctx, id)
+			return nil, o.over(period)
+		}
+		c := &Claim{o: o, id: id, period: period, made: got}
+		keeper := core.NewKeeper(sent, ttl, ttl/5)
+		endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
+		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), c.release, func() {
+			endWithSession()
+			keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
+		})
+		return c, nil
 	}
-	if index == 0 {
-		o.destroy(id)
-		return nil, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.key)
-	}
-	c := &Claim{o: o, id: id, index: index, period: period.UTC(), value: val, made: got}
-	keeper := core.NewKeeper(sent, ttl, ttl/5)
-	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.key, holdfast.Token(index), c.release, func() {
-		endWithSession()
-		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
-	})
-	return c, nil
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
@@ -157,36 +204,75 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	return out.ID, nil
 }
 
-// destroy destroys the claim session id in the session's background,
-// retrying while the holdfast session lives (the claim session expires by
-// itself anyway). Behavior delete removes the keys it holds.
-func (o *Once) destroy(id string) {
+// claimCleanup bounds the destruction of a session a claim did not use, so
+// that nothing is left when the process exits right after.
+const claimCleanup = 2 * time.Second
+
+// destroyNow destroys the claim session id (if not "") now, bounded by
+// claimCleanup (ctx's values, not its end); if that fails, in the holdfast
+// session's background, retrying while it lives (the claim session expires
+// by itself anyway). Behavior delete removes the keys it holds.
+func (o *Once) destroyNow(ctx context.Context, id string) {
+	if id == "" {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
+	err := o.destroy(dctx, id)
+	cancel()
+	if err == nil {
+		return
+	}
 	o.s.bg.Go(func(ctx context.Context) {
-		_ = core.Retry(ctx, func(ctx context.Context) error {
-			_, err := o.s.client.Session().Destroy(id, writeOpts(ctx))
-			if statusCode(err) == http.StatusNotFound {
-				return nil
-			}
-			return err
-		})
+		_ = core.Retry(ctx, func(ctx context.Context) error { return o.destroy(ctx, id) })
 	})
 }
 
-// refused is the error of a claim refused because the key exists; it reads
-// the key (best effort, within ctx) to say which period holds it.
-func (o *Once) refused(ctx context.Context, period time.Time) error {
-	p := period.UTC().Format(time.RFC3339)
+// destroy destroys the claim session id: nil if it is gone.
+func (o *Once) destroy(ctx context.Context, id string) error {
+	_, err := o.s.client.Session().Destroy(id, writeOpts(ctx))
+	if statusCode(err) == http.StatusNotFound {
+		return nil
+	}
+	if err != nil {
+		return apiError("destroy claim session", err)
+	}
+	return nil
+}
+
+// over is the error of a claim of period made after the period's end.
+func (o *Once) over(period time.Time) error {
+	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
+}
+
+// refusedBy returns the error of a claim of period that the record rec (nil:
+// absent) refuses, or nil if it does not.
+func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
+	if rec == nil {
+		return nil
+	}
+	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
+	last, ok := core.ParsePeriod(rec.Value)
+	switch {
+	case !ok || rec.Session != "":
+		return fmt.Errorf("%w: %s: %s holds a claim of an older holdfast (%q) until its session ends", holdfast.ErrClaimed, what, o.record, rec.Value)
+	case !last.Before(period):
+		return fmt.Errorf("%w: %s: period %s was claimed (token %d)", holdfast.ErrClaimed, what, last.Format(time.RFC3339), rec.ModifyIndex)
+	}
+	return nil
+}
+
+// running is the error of a claim of period refused because a run holds
+// the mark; it reads the mark (best effort, within ctx) to say which.
+func (o *Once) running(ctx context.Context, period time.Time) error {
+	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	e, _, err := o.s.client.KV().Get(o.key, (&api.QueryOptions{}).WithContext(rctx))
-	var rec claimRecord
-	if err != nil || e == nil || json.Unmarshal(e.Value, &rec) != nil {
-		return fmt.Errorf("%w: %s for period %s", holdfast.ErrClaimed, o.name, p)
+	e, _, err := o.s.client.KV().Get(o.run, (&api.QueryOptions{}).WithContext(rctx))
+	if err != nil || e == nil {
+		return fmt.Errorf("%w: %s: a run still holds", holdfast.ErrClaimed, what)
 	}
-	if rec.Period.Equal(period) {
-		return fmt.Errorf("%w: %s for period %s (index %d)", holdfast.ErrClaimed, o.name, p, e.ModifyIndex)
-	}
-	return fmt.Errorf("%w: %s for period %s: the claim of period %s (index %d) still holds", holdfast.ErrClaimed, o.name, p, rec.Period.Format(time.RFC3339), e.ModifyIndex)
+	rp, _ := core.ParsePeriod(e.Value)
+	return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), e.ModifyIndex)
 }
 
 // fail is the error of a failed claim: the session's end, ctx's error, or
@@ -202,25 +288,22 @@ func (o *Once) fail(ctx context.Context, err error) error {
 }
 
 // Claim is a held once-per-period claim. It implements holdfast.Grant: its
-// key is "<name>/.claim", its token the ModifyIndex of the write that
-// acquired it (tokens of successive claims of a name increase). Its context
-// ends with ErrReleased on Unlock, and with an error wrapping
-// holdfast.ErrLost at its safe deadline (see Deadline) or when the session
-// ends.
+// key is the run's mark "<name>/.run", its token the ModifyIndex of the
+// transaction that claimed the period (tokens of successive claims of a
+// name increase). Its context ends with ErrReleased on Unlock, and with an
+// error wrapping holdfast.ErrLost at its safe deadline (see Deadline) or
+// when the session ends.
 type Claim struct {
 	base   *core.Grant
 	o      *Once
 	id     string // the claim's own session
-	index  uint64
 	period time.Time
-	value  []byte
-	made   time.Time // when the answer of the acquiring request arrived
-	keep   string    // the session that keeps the key until AtLeast (release)
+	made   time.Time // when the answer of the claiming request arrived
 }
 
 var _ holdfast.Grant = (*Claim)(nil)
 
-// Key implements holdfast.Grant: "<name>/.claim".
+// Key implements holdfast.Grant: "<name>/.run".
 func (c *Claim) Key() string { return c.base.Key() }
 
 // Token implements holdfast.Grant.
@@ -235,36 +318,41 @@ func (c *Claim) Session() string { return c.id }
 // Context implements holdfast.Grant.
 func (c *Claim) Context() context.Context { return c.base.Context() }
 
-// Deadline implements holdfast.Grant: the moment the claim request was sent
-// plus AtMost/2 (the claim session's TTL, the earliest Consul may
-// invalidate it) minus a fifth of that. The claim is never renewed: a run
-// must finish by then.
+// Deadline implements holdfast.Grant: the moment the claim's session was
+// asked for plus AtMost/2 (its TTL, the earliest Consul may invalidate it)
+// minus a fifth of that. The claim is never renewed: a run must finish by
+// then.
 func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 
-// Unlock implements holdfast.Grant: the run is over. If AtLeast has not
-// passed since the claim was made, the key is handed, in one transaction
-// guarded by check-session, to a new session of TTL max(MinTTL, the rest of
-// AtLeast), which the holdfast session destroys (deleting the key) when
-// AtLeast has passed, or, if this process is gone by then, Consul
-// invalidates between one and two TTLs later; otherwise the key is deleted
-// (guarded likewise). Then the claim's own session is destroyed.
-func (c *Claim) Unlock(ctx context.Context) error { return c.base.Unlock(ctx) }
+// Unlock implements holdfast.Grant: the run is over. It first waits until
+// AtLeast has passed since the claim was made (or the deadline, or ctx
+// ends), then destroys the claim's session, which deletes the run's mark:
+// nothing of the claim is left but the record. If ctx ends first, the
+// destruction goes on in the background while the holdfast session lives,
+// and Consul invalidates the session by its TTL otherwise.
+func (c *Claim) Unlock(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	core.WaitAtLeast(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
+	return c.base.Unlock(ctx)
+}
 
 // Guard returns the operation that succeeds exactly while this claim is
-// held: a check-session of its key on the claim's own session.
-func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.key, c.id)} }
+// held: a check-session of the run's mark on the claim's own session.
+func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.run, c.id)} }
 
 // Txn runs ops in one Consul transaction that applies only while the claim
 // is held (Guard first). If the claim ended (locally or in Consul), nothing
 // is applied and the error wraps holdfast.ErrNotHeld. ops may not touch the
-// claim's key (refused with an error wrapping holdfast.ErrInvalidArgument
-// before any request), nor be empty or more than MaxTxnOps-1. On success
-// the response's Results are those of ops.
+// claim's keys (under "<name>/.": refused with an error wrapping
+// holdfast.ErrInvalidArgument before any request), nor be empty or more
+// than MaxTxnOps-1. On success the response's Results are those of ops.
 func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	g := Grant{prefix: c.o.key}
+	g := Grant{prefix: c.o.name + "/."}
 	if err := g.checkOps(ops); err != nil {
 		return nil, err
 	}
@@ -297,67 +385,11 @@ func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	return resp, nil
 }
 
-// release ends the claim in Consul (one attempt; the core retries it).
+// release ends the run in Consul (one attempt; the core retries it): it
+// destroys the claim's session, which deletes the run's mark and nothing
+// else (behavior delete).
 func (c *Claim) release(ctx context.Context) error {
-	remaining := c.o.sched.AtLeast - time.Since(c.made)
-	ops := api.TxnOps{checkSession(c.o.key, c.id)}
-	if remaining > 0 && c.keep == "" {
-		ttl := max(MinTTL, (remaining+time.Second-1)/time.Second*time.Second)
-		id, err := c.o.session(ctx, ttl)
-		if err != nil {
-			return err
-		}
-		c.keep = id
-	}
-	if c.keep != "" {
-		ops = append(ops,
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: c.o.key, Flags: ClaimFlags, Session: c.id, Value: c.value}},
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.o.key, Flags: ClaimFlags, Session: c.keep, Value: c.value}})
-	} else {
-		ops = append(ops, kvOp(api.KVDelete, c.o.key))
-	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	_, err := c.o.s.txn(rctx, ops)
-	cancel()
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && rb.denied():
-		return txnError("release claim "+c.o.name, rb)
-	case errors.As(err, &rb):
-		// An earlier attempt may have applied: the key is then the keeper's.
-		e, _, gerr := c.o.s.client.KV().Get(c.o.key, (&api.QueryOptions{}).WithContext(ctx))
-		if gerr != nil {
-			return apiError("read claim "+c.o.name, gerr)
-		}
-		if c.keep == "" || e == nil || e.Session != c.keep {
-			if c.keep != "" {
-				c.o.destroy(c.keep)
-			}
-			c.o.destroy(c.id)
-			return fmt.Errorf("%w: %s is no longer held by claim session %s", holdfast.ErrNotHeld, c.Key(), c.id)
-		}
-	case err != nil:
-		return err
-	}
-	c.o.destroy(c.id)
-	if keep := c.keep; keep != "" {
-		c.o.s.bg.Go(func(ctx context.Context) { c.expire(ctx, keep) })
-	}
-	return nil
-}
-
-// expire ends the claim's keeping session keep once AtLeast has passed since
-// the claim was made (its key goes with it: behavior delete), while the
-// holdfast session lives; otherwise Consul invalidates keep by its TTL.
-func (c *Claim) expire(ctx context.Context, keep string) {
-	if !sleep(ctx, time.Until(c.made.Add(c.o.sched.AtLeast))) {
-		return
-	}
-	_ = core.Retry(ctx, func(ctx context.Context) error {
-		_, err := c.o.s.client.Session().Destroy(keep, writeOpts(ctx))
-		if statusCode(err) == http.StatusNotFound {
-			return nil
-		}
-		return err
-	})
+	defer cancel()
+	return c.o.destroy(rctx, c.id)
 }

@@ -10,8 +10,9 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// TestClaimGuardedTxn: a claim's key is "<name>/.claim", held by the
-// claim's own session, and its token the key's ModifyIndex; Claim.Txn
+// TestClaimGuardedTxn: a claim's key is the run's mark "<name>/.run", held
+// by the claim's own session, and its token the ModifyIndex of the record
+// "<name>/.claim" (held by no session, the period as its value); Claim.Txn
 // applies while the claim is held, refuses ops on the claim's key, and once
 // the key was deleted from outside (which the claim does not watch) or the
 // claim released, applies nothing and returns ErrNotHeld.
@@ -32,20 +33,29 @@ func TestClaimGuardedTxn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pair, _, err := admin.KV().Get(name+"/.claim", nil)
+	pair, _, err := admin.KV().Get(name+"/.run", nil)
 	if err != nil || pair == nil {
-		t.Fatalf("claim key: %v %v", pair, err)
+		t.Fatalf("run key: %v %v", pair, err)
 	}
-	if cl.Key() != name+"/.claim" || uint64(cl.Token()) != pair.ModifyIndex || pair.Session != cl.Session() || pair.Flags != ClaimFlags {
-		t.Errorf("key %q token %d session %s: want the claim key, its ModifyIndex %d, held by %s with ClaimFlags (got %x)", cl.Key(), cl.Token(), cl.Session(), pair.ModifyIndex, pair.Session, pair.Flags)
+	rec, _, err := admin.KV().Get(name+"/.claim", nil)
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if cl.Key() != name+"/.run" || uint64(cl.Token()) != rec.ModifyIndex || pair.Session != cl.Session() || pair.Flags != ClaimFlags || rec.Flags != ClaimFlags || rec.Session != "" {
+		t.Errorf("key %q token %d session %s: want the run key, the record's ModifyIndex %d, held by %s with ClaimFlags (got %x, record %x held by %q)", cl.Key(), cl.Token(), cl.Session(), rec.ModifyIndex, pair.Session, pair.Flags, rec.Flags, rec.Session)
+	}
+	if p, _ := time.Parse(time.RFC3339Nano, string(rec.Value)); !p.Equal(cl.Period()) {
+		t.Errorf("record %q, want the period %v", rec.Value, cl.Period())
 	}
 	if _, err := cl.Txn(ctx, api.TxnOps{setOp(record, "v1")}); err != nil {
 		t.Fatalf("Txn while held: %v", err)
 	}
-	if _, err := cl.Txn(ctx, api.TxnOps{setOp(name+"/.claim", "x")}); !errors.Is(err, holdfast.ErrInvalidArgument) {
-		t.Errorf("Txn on the claim key: %v, want ErrInvalidArgument", err)
+	for _, k := range []string{name + "/.claim", name + "/.run"} {
+		if _, err := cl.Txn(ctx, api.TxnOps{setOp(k, "x")}); !errors.Is(err, holdfast.ErrInvalidArgument) {
+			t.Errorf("Txn on %s: %v, want ErrInvalidArgument", k, err)
+		}
 	}
-	if _, err := admin.KV().Delete(name+"/.claim", nil); err != nil {
+	if _, err := admin.KV().Delete(name+"/.run", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cl.Txn(ctx, api.TxnOps{setOp(record, "stale")}); !errors.Is(err, holdfast.ErrNotHeld) {
@@ -56,7 +66,10 @@ func TestClaimGuardedTxn(t *testing.T) {
 	}
 	_ = cl.Unlock(ctx)
 
-	cl2, err := o.Claim(ctx)
+	if g, err := o.ClaimPeriod(ctx, cl.Period()); !errors.Is(err, holdfast.ErrClaimed) {
+		t.Fatalf("a claim of the same period after its run: %v %v, want ErrClaimed (the record)", g, err)
+	}
+	cl2, err := o.ClaimPeriod(ctx, cl.Period().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +82,29 @@ func TestClaimGuardedTxn(t *testing.T) {
 	if _, err := cl2.Txn(ctx, api.TxnOps{setOp(record, "late")}); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("Txn after Unlock: %v, want ErrNotHeld", err)
 	}
-	waitFor(t, 5*time.Second, "claim key removed", func() bool { return len(keys(t, admin, name)) == 0 })
+	waitFor(t, 5*time.Second, "the record alone left", func() bool { ks := keys(t, admin, name); return len(ks) == 1 && ks[0] == name+"/.claim" })
+	if ids := sessionsNamed(t, admin, "holdfast claim "+name); len(ids) != 0 {
+		t.Errorf("claim sessions left after Unlock and a refused claim: %v", ids)
+	}
 	for _, sched := range []holdfast.Schedule{{Every: time.Minute, AtMost: 19 * time.Second}, {Every: time.Minute, AtLeast: time.Minute, AtMost: 30 * time.Second}} {
 		if _, err := NewOnce(s, name, sched); !errors.Is(err, holdfast.ErrInvalidArgument) {
 			t.Errorf("NewOnce(%+v): %v, want ErrInvalidArgument", sched, err)
 		}
 	}
+}
+
+// sessionsNamed lists the sessions called name.
+func sessionsNamed(t testing.TB, c *api.Client, name string) []string {
+	t.Helper()
+	all, _, err := c.Session().List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range all {
+		if s.Name == name {
+			ids = append(ids, s.ID)
+		}
+	}
+	return ids
 }

@@ -56,6 +56,36 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 	return done
 }
 
+// sweepLater removes what a write of a failed acquisition whose outcome we
+// did not learn (no answer: a slow link, a frozen agent) left if it lands
+// after the cleanup has run: a queue entry that a holder would hand the
+// lock to, with no Lock call behind it, so that the lock stays with our
+// session and every waiter behind it waits until our session ends. A
+// background task of the session runs the cleanup again after each of
+// sweepDelays (the Semaphore's), each time once no acquisition, cleanup
+// or grant of ours uses the name (it takes the in-process name slot: an
+// acquisition of ours that uses the name meanwhile replaces any leftover
+// entry with its own), retried until Consul answers, while the session
+// lives.
+func (s *Session) sweepLater(l leftover) {
+	s.bg.Go(func(ctx context.Context) {
+		for _, d := range sweepDelays {
+			if !sleep(ctx, d) {
+				return
+			}
+			free, err := s.names.Acquire(ctx, l.name)
+			if err != nil {
+				return
+			}
+			err = core.Retry(ctx, func(actx context.Context) error { return s.clean(actx, l) })
+			free()
+			if err != nil && ctx.Err() == nil {
+				return // refused for good
+			}
+		}
+	})
+}
+
 // abandon records a cleanup that the end of the session cut short, for
 // Close to try once more.
 func (s *Session) abandon(l leftover) {

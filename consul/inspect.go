@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // Inspect reads what Consul holds of name, writing nothing: the kind of
@@ -28,7 +29,8 @@ import (
 // write is an election's, whose value is the leader's proposal and whose
 // origin is unknown (holdfast's Election and an api.Lock elector write the
 // same). A free lock or election leaves no key behind: its kind is then
-// holdfast.KindUnknown. Errors: an invalid name wraps
+// holdfast.KindUnknown. A claim's keys (see Once) give holdfast.KindClaim,
+// its last period and the run, if any. Errors: an invalid name wraps
 // holdfast.ErrInvalidName (before any request), an ACL refusal
 // holdfast.ErrPermissionDenied.
 func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, error) {
@@ -56,6 +58,9 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 			ct.LockDelay = s.LockDelay
 		}
 		return ct
+	}
+	if inspectClaim(st, pairs, contender) {
+		return st, nil
 	}
 	lockKey := LockKey(name)
 	var lock *api.KVPair
@@ -180,4 +185,38 @@ func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, con
 	for _, p := range waiters {
 		st.Waiters = append(st.Waiters, describe(p, false))
 	}
+}
+
+// inspectClaim fills st from a claim's keys (ClaimFlags, see Once) and
+// reports whether there were any: the record's period and token, and the
+// run that holds the mark, if any; the other keys under the name are
+// Other. A claim key of an older holdfast (held, JSON) is shown as the
+// holder, its value as is.
+func inspectClaim(st *holdfast.State, pairs api.KVPairs, contender func(*api.KVPair) holdfast.Contender) bool {
+	record, run := st.Name+"/.claim", st.Name+"/.run"
+	var found bool
+	for _, p := range pairs {
+		found = found || p.Flags == ClaimFlags && (p.Key == record || p.Key == run)
+	}
+	if !found {
+		return false
+	}
+	st.Kind = holdfast.KindClaim
+	for _, p := range pairs {
+		switch {
+		case p.Flags != ClaimFlags || p.Key != record && p.Key != run:
+			st.Other = append(st.Other, p.Key)
+		case p.Session == "":
+			st.Period, _ = core.ParsePeriod(p.Value)
+			st.PeriodToken = holdfast.Token(p.ModifyIndex)
+		default:
+			ct := contender(p)
+			ct.Origin, ct.Token = holdfast.OriginHoldfast, holdfast.Token(p.ModifyIndex)
+			if _, ok := core.ParsePeriod(p.Value); !ok {
+				ct.Value = p.Value
+			}
+			st.Holders = append(st.Holders, ct)
+		}
+	}
+	return true
 }

@@ -98,7 +98,10 @@ func (m *Mutex) Name() string { return m.name }
 // lie under "<name>/". Whatever the call left in Consul (its queue key, or
 // the lock key if an acquire of unknown outcome took it, or a holder handed
 // it over as the call gave up) is removed by the session in the background,
-// as soon as Consul can be reached, while the session lives. Lock waits for
+// as soon as Consul can be reached, while the session lives; if a request
+// of the call got no answer, the session looks again 0.25, 1.25, 4.25 and
+// 14.25 s later, for a request that reached Consul after the call gave up.
+// Lock waits for
 // that removal before it returns, but never more than 50 ms after ctx has
 // ended, so on a reachable Consul a failed Lock usually leaves nothing. The
 // same session locks the name again only after that removal.
@@ -158,7 +161,11 @@ func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, erro
 			free()
 			return nil, fail(err)
 		}
-		done := m.s.cleanUp(leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, free)
+		l := leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}
+		done := m.s.cleanUp(l, free)
+		if a.uncertain {
+			m.s.sweepLater(l)
+		}
 		grace := time.NewTimer(cleanupGrace)
 		defer grace.Stop()
 		select {

@@ -119,6 +119,9 @@ type acquisition struct {
 	// or the lock key (an acquire of unknown outcome, a handoff to us). On
 	// failure, the session cleans it up (see Session.cleanUp).
 	left bool
+	// uncertain is set once a write of ours got no answer: it may land
+	// after the cleanup (see Session.sweepLater).
+	uncertain bool
 	// since is the CreateIndex of our first queue entry: a lock key held by
 	// our session through a write after it was handed to us. queueIndex is
 	// the CreateIndex of our latest entry, and tailIndex the tail key's
@@ -372,6 +375,18 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 	return a.since != 0 && lock != nil && lock.Session == a.m.s.id && tokenOf(lock) > a.since
 }
 
+// send sends one of the acquisition's writes. One that got no answer
+// marks the acquisition uncertain: it may still be applied after our
+// cleanup has run (see Session.sweepLater).
+func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	resp, err := a.m.s.txn(ctx, ops)
+	var rb *rollback
+	if err != nil && !errors.As(err, &rb) {
+		a.uncertain = true
+	}
+	return resp, err
+}
+
 // link writes our link under our predecessor's entry and our anchor on it
 // under ours (step 3), in one transaction guarded by its entry being
 // unchanged; the anchor is acquired with its session, so that Consul
@@ -387,7 +402,7 @@ func (a *acquisition) link(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -504,7 +519,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a.left = true // until we know the outcome
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -549,7 +564,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	a.left = true
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, ops)
+	resp, err := a.send(rctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
@@ -728,6 +743,8 @@ func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
 		if i := strings.Index(e.Key, queueInfix); i >= 0 && !strings.Contains(e.Key[i+len(queueInfix):], "/") {
 			ops = append(ops, kvOp(api.KVDeleteTree, e.Key+"/")) // a queue entry's links and marks
+		} else if op := wakeOp(e); op != nil {
+			ops = append(ops, op) // a link or anchor under a gone entry: wake its waiter
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -1068,17 +1085,24 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 	return nil
 }
 
-// leave takes our entry out of the queue: one transaction reads and
-// deletes our entry's subtree and reads the lock key; then the anchors on
-// us of the waiters linked behind us are deleted (which wakes them: they
-// link themselves again, to the entry ahead of ours), and if the tail key
-// names our session, it is repaired (see Mutex.repairTail). It returns the
-// lock key as read.
+// leave takes our entry out of the queue, in two steps that a retry can
+// repeat whatever became of the last attempt. First, one transaction reads
+// our entry's subtree, the lock key and the tail key, and deletes our entry
+// and its held mark: nobody links behind it any more (a link is guarded by
+// the entry's index), and the links and anchors under it stay, so the next
+// attempt still knows whom to wake. Then, if there are any, one transaction
+// deletes the anchors on us of the waiters linked behind us (which wakes
+// them: they link themselves again, to the entry ahead of ours) and our
+// link under our predecessor, with the rest of our subtree. (A reader that
+// meets those children under a gone entry deletes them as dead, and wakes
+// the same waiters: see Session.dropDead.) If the tail key names our
+// session, it is repaired (see Mutex.repairTail). It returns the lock key as
+// read.
 func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	s := m.s
 	resp, err := s.txn(ctx, api.TxnOps{
 		kvOp(api.KVGetTree, m.queueKey), kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey),
-		kvOp(api.KVDeleteTree, m.queueKey),
+		kvOp(api.KVDelete, m.queueKey), kvOp(api.KVDelete, m.queueKey+heldSuffix),
 	})
 	var rb *rollback
 	switch {
@@ -1096,14 +1120,15 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 			lock = e
 		case e.Key == m.tailKey:
 			tail = e
-		case strings.HasPrefix(e.Key, m.queueKey+nextInfix) && e.Session != "":
-			wake = append(wake, kvOp(api.KVDelete, m.queuePrefix+e.Session+prevInfix+s.id))
-		case strings.HasPrefix(e.Key, m.queueKey+prevInfix): // our link under our predecessor
-			wake = append(wake, kvOp(api.KVDelete, m.queuePrefix+strings.TrimPrefix(e.Key, m.queueKey+prevInfix)+nextInfix+s.id))
+		case strings.HasPrefix(e.Key, m.queueKey+"/"):
+			if op := wakeOp(e); op != nil {
+				wake = append(wake, op)
+			}
 		}
 	}
 	if len(wake) > 0 {
-		if _, err := s.txn(ctx, wake[:min(len(wake), MaxTxnOps)]); err != nil {
+		wake = append(wake[:min(len(wake), MaxTxnOps-1)], kvOp(api.KVDeleteTree, m.queueKey+"/"))
+		if _, err := s.txn(ctx, wake); err != nil {
 			return nil, err
 		}
 	}
@@ -1113,4 +1138,24 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 		}
 	}
 	return lock, nil
+}
+
+// wakeOp returns what wakes the waiter that e, a key under a queue entry E
+// that is gone, stands for (nil if none): for the link "E/next/W" of a live
+// waiter W, the deletion of W's anchor "W/prev/E"; for E's anchor
+// "E/prev/P", the deletion of E's link under P ("P/next/E").
+func wakeOp(e *api.KVPair) *api.TxnOp {
+	i := strings.LastIndex(e.Key, queueInfix)
+	if i < 0 {
+		return nil
+	}
+	prefix := e.Key[:i+len(queueInfix)]
+	entry, sub, _ := strings.Cut(e.Key[i+len(queueInfix):], "/")
+	if w, ok := strings.CutPrefix(sub, nextInfix[1:]); ok && w != "" && e.Session != "" {
+		return kvOp(api.KVDelete, prefix+w+prevInfix+entry)
+	}
+	if p, ok := strings.CutPrefix(sub, prevInfix[1:]); ok && p != "" {
+		return kvOp(api.KVDelete, prefix+p+nextInfix+entry)
+	}
+	return nil
 }

@@ -2,10 +2,8 @@ package etcd
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -24,17 +22,26 @@ const minClaimTTL = 2 * time.Second
 // holdfast.ErrClaimed (see holdfast.Schedule for AtLeast, AtMost and the
 // periods).
 //
-// The claim is the key "<name>/.claim", created only if absent, with a lease
-// of its own (TTL AtMost, rounded up to whole seconds, never renewed): it
-// does not depend on the session's lease, which only carries the requests.
-// Its value records the period (JSON). While any claim of the name exists,
-// every claim of the name is refused, whatever its period: a run that
-// outlasts its period makes the next ones skip, until AtMost frees the key.
+// Two keys: the record "<name>/.claim", without a lease, whose value is the
+// last period claimed (it stays when the run ends: the one key a claim
+// leaves, about 30 bytes), and the run's mark "<name>/.run", with a lease of
+// its own (TTL AtMost, rounded up to whole seconds, never renewed, revoked
+// by Unlock). A claim is one transaction after the lease grant: it writes
+// both keys if the record is absent or older than its period and no run is
+// marked. So a period is claimed once whatever the delays, and a run that
+// outlasts its period makes the next ones skip, until it ends or AtMost
+// frees its mark.
+//
+// A claim key of an older holdfast ("<name>/.claim" with a lease and a JSON
+// value) refuses every claim until its lease ends (AtMost); the record then
+// replaces it. An older holdfast is refused for ever once a record exists:
+// upgrade every replica of a name together.
 type Once struct {
-	s     *Session
-	name  string
-	key   string
-	sched holdfast.Schedule
+	s      *Session
+	name   string
+	record string // <name>/.claim
+	run    string // <name>/.run
+	sched  holdfast.Schedule
 }
 
 // NewOnce returns the claim called name, made through session s on
@@ -54,7 +61,7 @@ func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	if sched.AtMost < minClaimTTL {
 		return nil, fmt.Errorf("%w: AtMost %v is shorter than etcd's shortest lease, %v", holdfast.ErrInvalidArgument, sched.AtMost, minClaimTTL)
 	}
-	return &Once{s: s, name: name, key: name + "/.claim", sched: sched}, nil
+	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
 // Name returns the claim's name.
@@ -69,21 +76,25 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 	return o.ClaimPeriod(ctx, o.sched.Period(time.Now()))
 }
 
-// claimRecord is the value of a claim key.
-type claimRecord struct {
-	Period time.Time `json:"period"`
-	Lease  string    `json:"lease"`
-}
-
-// ClaimPeriod claims the period that starts at period (only recorded and
-// reported: exclusion is per name). It returns the claim, or an error
-// wrapping holdfast.ErrClaimed at once if the name's claim is taken, in one
-// transaction after the lease grant. ctx bounds both requests. On a
-// transport error the lease is revoked in the background (the session
-// retries while it lives), which removes whatever the attempt created.
+// ClaimPeriod claims the period that starts at period. It returns the
+// claim, or at once an error wrapping holdfast.ErrClaimed if the record
+// holds this period or a later one, or a run is marked; one wrapping
+// holdfast.ErrPeriodOver (and ErrClaimed) if period+Every had passed when
+// it was called (no request) or when the answer came (the period is then
+// recorded, and skipped). ctx bounds the requests: a lease grant and one
+// transaction. A lease that ends up unused is revoked before it returns
+// (bounded; else in the background while the session lives, and by its
+// TTL anyway).
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	if err := core.CheckPeriod(period); err != nil {
+		return nil, err
+	}
+	period = period.UTC()
+	if over := period.Add(o.sched.Every); !time.Now().Before(over) {
+		return nil, o.over(period)
 	}
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: claim %s: %w", o.name, err)
@@ -98,41 +109,70 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		return nil, o.fail(ctx, "grant the claim's lease", err)
 	}
 	lease := lresp.ID
-	val, _ := json.Marshal(claimRecord{Period: period.UTC(), Lease: fmt.Sprintf("%x", int64(lease))})
+	p := core.FormatPeriod(period)
+	write := []clientv3.Op{clientv3.OpPut(o.record, p), clientv3.OpPut(o.run, p, clientv3.WithLease(lease))}
+	noRun := clientv3.Compare(clientv3.CreateRevision(o.run), "=", 0)
+	// 1. no record and no run: claim; 2. else a record older than period
+	// (a missing key's value compares false) and no run: claim; 3. else
+	// read both, to say why not.
 	resp, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(o.key), "=", 0)).
-		Then(clientv3.OpPut(o.key, string(val), clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(o.key)).
+		If(clientv3.Compare(clientv3.CreateRevision(o.record), "=", 0), noRun).
+		Then(write...).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(o.record), "<", p), noRun},
+			write,
+			[]clientv3.Op{clientv3.OpGet(o.record), clientv3.OpGet(o.run)})).
 		Commit()
 	got := time.Now()
 	if err != nil {
-		o.revoke(lease)
-		return nil, o.fail(ctx, "create the claim key", err)
+		o.revoke(ctx, lease)
+		return nil, o.fail(ctx, "claim", err)
 	}
-	if !resp.Succeeded {
-		o.revoke(lease)
-		return nil, o.refused(period, first(resp.Responses[0]))
+	won := resp.Succeeded
+	if !won {
+		inner := resp.Responses[0].GetResponseTxn()
+		if won = inner.GetSucceeded(); !won {
+			o.revoke(ctx, lease)
+			return nil, o.refused(period, first(inner.GetResponses()[0]), first(inner.GetResponses()[1]))
+		}
 	}
-	c := &Claim{o: o, lease: lease, rev: resp.Header.Revision, period: period.UTC(), value: string(val), made: got}
+	if !got.Before(period.Add(o.sched.Every)) {
+		o.revoke(ctx, lease)
+		return nil, o.over(period)
+	}
+	c := &Claim{o: o, lease: lease, period: period, made: got}
 	keeper := core.NewKeeper(sent, grantedTTL(ttl, lresp.TTL), ttl/5)
 	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.key, holdfast.Token(c.rev), c.release, func() {
+	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), c.release, func() {
 		endWithSession()
 		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
 	})
 	return c, nil
 }
 
-// refused is the error of a claim refused because kv holds the name's claim.
-func (o *Once) refused(period time.Time, kv *mvccpb.KeyValue) error {
-	var rec claimRecord
-	if kv == nil || json.Unmarshal(kv.GetValue(), &rec) != nil {
-		return fmt.Errorf("%w: %s for period %s", holdfast.ErrClaimed, o.name, period.UTC().Format(time.RFC3339))
+// over is the error of a claim of period made after the period's end.
+func (o *Once) over(period time.Time) error {
+	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
+}
+
+// refused is the error of a claim of period refused because of the record
+// rec and the run mark run (either may be nil).
+func (o *Once) refused(period time.Time, rec, run *mvccpb.KeyValue) error {
+	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
+	last, ok := time.Time{}, false
+	if rec != nil {
+		last, ok = core.ParsePeriod(rec.Value)
 	}
-	if rec.Period.Equal(period) {
-		return fmt.Errorf("%w: %s for period %s (token %d)", holdfast.ErrClaimed, o.name, period.UTC().Format(time.RFC3339), kv.GetCreateRevision())
+	switch {
+	case rec != nil && !ok:
+		return fmt.Errorf("%w: %s: %s holds a claim of an older holdfast (%q) until its lease ends", holdfast.ErrClaimed, what, o.record, rec.Value)
+	case rec != nil && !last.Before(period):
+		return fmt.Errorf("%w: %s: period %s was claimed (token %d)", holdfast.ErrClaimed, what, last.Format(time.RFC3339), rec.ModRevision)
+	case run != nil:
+		rp, _ := core.ParsePeriod(run.Value)
+		return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), run.CreateRevision)
 	}
-	return fmt.Errorf("%w: %s for period %s: the claim of period %s (token %d) still holds", holdfast.ErrClaimed, o.name, period.UTC().Format(time.RFC3339), rec.Period.Format(time.RFC3339), kv.GetCreateRevision())
+	return fmt.Errorf("%w: %s", holdfast.ErrClaimed, what) // changed between the compares and the reads: cannot be (one txn)
 }
 
 // fail is the error of a failed claim: the session's end, ctx's error, or
@@ -147,42 +187,56 @@ func (o *Once) fail(ctx context.Context, what string, err error) error {
 	return fmt.Errorf("holdfast/etcd: claim %s: %s: %w", o.name, what, storeErr(err))
 }
 
-// revoke revokes lease in the session's background, retrying while the
+// claimCleanup bounds the revocation of a lease a claim did not use, so
+// that nothing is left when the process exits right after.
+const claimCleanup = 2 * time.Second
+
+// revoke revokes lease now, bounded by claimCleanup (ctx's values, not its
+// end); if that fails, in the session's background, retrying while the
 // session lives (the lease expires by itself anyway).
-func (o *Once) revoke(lease clientv3.LeaseID) {
+func (o *Once) revoke(ctx context.Context, lease clientv3.LeaseID) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
+	err := revokeOnce(rctx, o.s.client, lease)
+	cancel()
+	if err == nil {
+		return
+	}
 	o.s.bg.Go(func(ctx context.Context) {
-		_ = core.Retry(ctx, func(ctx context.Context) error {
-			_, err := o.s.client.Revoke(ctx, lease)
-			if err != nil && errors.Is(storeErr(err), holdfast.ErrSessionLost) {
-				return nil // already gone
-			}
-			return storeErr(err)
-		})
+		_ = core.Retry(ctx, func(ctx context.Context) error { return revokeOnce(ctx, o.s.client, lease) })
 	})
 }
 
+// revokeOnce revokes lease: nil if it is gone.
+func revokeOnce(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID) error {
+	_, err := cli.Revoke(ctx, lease)
+	if err != nil && errors.Is(storeErr(err), holdfast.ErrSessionLost) {
+		return nil // already gone
+	}
+	return storeErr(err)
+}
+
 // Claim is a held once-per-period claim. It implements holdfast.Grant: its
-// key is "<name>/.claim", its token the key's create revision (tokens of
-// successive claims of a name increase). Its context ends with ErrReleased
-// on Unlock, and with an error wrapping holdfast.ErrLost at its safe
-// deadline (see Deadline) or when the session ends.
+// key is the run's mark "<name>/.run", its token the revision of the
+// transaction that claimed the period (the record's and the mark's
+// revision: tokens of successive claims of a name increase). Its context
+// ends with ErrReleased on Unlock, and with an error wrapping
+// holdfast.ErrLost at its safe deadline (see Deadline) or when the session
+// ends.
 type Claim struct {
 	base   *core.Grant
 	o      *Once
 	lease  clientv3.LeaseID
-	rev    int64
 	period time.Time
-	value  string
-	made   time.Time          // when the answer of the creating request arrived
-	kept   []clientv3.LeaseID // the leases release attempts granted to keep the key (release runs one attempt at a time)
+	made   time.Time // when the answer of the claiming request arrived
 }
 
 var _ holdfast.Grant = (*Claim)(nil)
 
-// Key implements holdfast.Grant: "<name>/.claim".
+// Key implements holdfast.Grant: "<name>/.run".
 func (c *Claim) Key() string { return c.base.Key() }
 
-// Token implements holdfast.Grant: the create revision of Key.
+// Token implements holdfast.Grant: the revision of the claiming
+// transaction (Key's create revision).
 func (c *Claim) Token() holdfast.Token { return c.base.Token() }
 
 // Period returns the start of the period claimed.
@@ -196,32 +250,38 @@ func (c *Claim) Context() context.Context { return c.base.Context() }
 // never renewed: a run must finish by then.
 func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 
-// Unlock implements holdfast.Grant: the run is over. The claim stays taken
-// in etcd until AtLeast after it was made, or is deleted by a guarded
-// delete if AtLeast has passed. To stay, its key is moved, by a guarded put
-// that keeps the token, to a lease of the remaining time (rounded up to
-// whole seconds, and at least etcd's 2 s minimum), which the session
-// revokes when AtLeast has passed; if the session ends first, the lease
-// expires by itself. Either way the claim's own lease is then revoked.
-func (c *Claim) Unlock(ctx context.Context) error { return c.base.Unlock(ctx) }
+// Unlock implements holdfast.Grant: the run is over. It first waits until
+// AtLeast has passed since the claim was made (or the deadline, or ctx
+// ends), then revokes the claim's lease, which removes the run's mark:
+// nothing of the claim is left but the record. If ctx ends first, the
+// revocation goes on in the background while the session lives, and the
+// mark ends with the lease (AtMost) otherwise.
+func (c *Claim) Unlock(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	core.WaitAtLeast(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
+	return c.base.Unlock(ctx)
+}
 
 // Guard returns the comparison that holds exactly while this claim is held
-// in etcd: its key carries the claim's own lease (which no other claim
-// uses, and which Unlock detaches). Txn puts it in the If for you.
+// in etcd: the run's mark carries the claim's own lease (which no other
+// claim uses). Txn puts it in the If for you.
 func (c *Claim) Guard() clientv3.Cmp {
-	return clientv3.Compare(clientv3.LeaseValue(c.o.key), "=", c.lease)
+	return clientv3.Compare(clientv3.LeaseValue(c.o.run), "=", c.lease)
 }
 
 // Txn runs ops in one etcd transaction that commits only while the claim is
 // held (its If is Guard). If the claim ended (locally or in etcd), it
 // applies nothing and returns an error wrapping holdfast.ErrNotHeld. ops
-// may not touch the claim's key: such ops are refused with an error
-// wrapping holdfast.ErrInvalidArgument before any request.
+// may not touch the claim's keys ("<name>/.claim", "<name>/.run"): such ops
+// are refused with an error wrapping holdfast.ErrInvalidArgument before any
+// request.
 func (c *Claim) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	g := Grant{pfx: c.o.key}
+	g := Grant{pfx: c.o.name + "/."}
 	if err := g.checkOps(ops); err != nil {
 		return nil, err
 	}
@@ -239,59 +299,8 @@ func (c *Claim) Txn(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespo
 	return resp, nil
 }
 
-// release ends the claim in etcd (one attempt; the core retries it): keep
-// the key until AtLeast after the claim was made, or delete it, guarded by
-// the claim's lease; then revoke that lease.
+// release ends the run in etcd (one attempt; the core retries it): it
+// revokes the claim's lease, which deletes the run's mark and nothing else.
 func (c *Claim) release(ctx context.Context) error {
-	cli := c.o.s.client
-	remaining := c.o.sched.AtLeast - time.Since(c.made)
-	then := clientv3.OpDelete(c.o.key)
-	var keep clientv3.LeaseID
-	if remaining > 0 {
-		secs := int64((remaining + time.Second - 1) / time.Second)
-		lresp, err := cli.Grant(ctx, secs)
-		if err != nil {
-			return storeErr(err)
-		}
-		keep = lresp.ID
-		c.kept = append(c.kept, keep)
-		then = clientv3.OpPut(c.o.key, c.value, clientv3.WithLease(keep))
-	}
-	resp, err := cli.Txn(ctx).If(c.Guard()).Then(then).Else(clientv3.OpGet(c.o.key)).Commit()
-	if err != nil {
-		if keep != 0 {
-			c.o.revoke(keep)
-		}
-		return storeErr(err)
-	}
-	if !resp.Succeeded {
-		if keep != 0 {
-			c.o.revoke(keep)
-		}
-		kv := first(resp.Responses[0])
-		if kv == nil || kv.CreateRevision != c.rev || !slices.Contains(c.kept, clientv3.LeaseID(kv.Lease)) {
-			return fmt.Errorf("%w: %s no longer carries the claim's lease %x", holdfast.ErrNotHeld, c.Key(), int64(c.lease))
-		}
-		// Our key, moved to a lease of an earlier attempt: that attempt
-		// applied, and its lease keeps the key.
-		keep = clientv3.LeaseID(kv.Lease)
-	}
-	_, err = cli.Revoke(ctx, c.lease)
-	if err != nil && !errors.Is(storeErr(err), holdfast.ErrSessionLost) {
-		c.o.revoke(c.lease)
-	}
-	if keep != 0 {
-		// End the claim when AtLeast has passed, while the session lives;
-		// if it ends first, the lease does it, rounded up.
-		c.o.s.bg.Go(func(ctx context.Context) {
-			t := time.NewTimer(time.Until(c.made.Add(c.o.sched.AtLeast)))
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-				c.o.revoke(keep)
-			}
-		})
-	}
-	return nil
+	return revokeOnce(ctx, c.o.s.client, c.lease)
 }

@@ -1,5 +1,33 @@
 // Package etcd implements holdfast's locks on etcd leases and
-// revision-ordered keys.
+// revision-ordered keys. Take a lock, write under it, release it, with
+// endpoints your cluster's client URLs (as in clientv3.Config):
+//
+//	s, err := etcd.Dial(ctx, endpoints) // one lease, kept alive, for every lock of the process
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer s.Close()
+//	m, err := etcd.NewMutex(s, "jobs/nightly-report")
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	g, err := m.Lock(ctx) // waits its turn; g.Context() ends if the lock is lost
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer func() {
+//		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+//		defer cancel()
+//		_ = g.Unlock(uctx) // if etcd does not answer in time, the session releases it later
+//	}()
+//	// g.Token() fences writes elsewhere; g.Txn commits only while the lock is held.
+//	record := fmt.Sprintf("done under token %d", g.Token())
+//	if _, err := g.Txn(g.Context(), clientv3.OpPut("reports/last", record)); err != nil {
+//		log.Fatal(err)
+//	}
+//
+// These lines are the body of ExampleMutex_Lock, run against a real etcd by
+// the tests module (tests/etcd).
 //
 // A Session is one lease, kept alive in the background and shared by every
 // grant taken through it; Dial opens one on a client of its own, NewSession

@@ -16,10 +16,7 @@ import (
 // Open a session in one line: Dial owns its client, and Close closes it.
 func ExampleDial() {
 	forUnitTestsRunInMockedContext(mockDial, func() {
-		endpoints, _, stop := startEtcd()
-		defer stop()
 		ctx := context.Background()
-
 		s, err := etcd.Dial(ctx, endpoints, etcd.WithTTL(10*time.Second))
 		if err != nil {
 			log.Fatal(err)
@@ -31,39 +28,36 @@ func ExampleDial() {
 	// session TTL: 10s
 }
 
-// Take a lock, do fenced work under the grant's context, release it.
+// Take a lock, write under it, release it: the lines the package doc
+// shows.
 func ExampleMutex_Lock() {
 	forUnitTestsRunInMockedContext(mockMutex_Lock, func() {
-		_, cli, stop := startEtcd()
-		defer stop()
 		ctx := context.Background()
-
-		s, err := etcd.NewSession(ctx, cli) // one lease, shared by every lock of the process
+		s, err := etcd.Dial(ctx, endpoints) // one lease, kept alive, for every lock of the process
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer s.Close()
-		m, err := etcd.NewMutex(s, "locks/nightly-report")
+		m, err := etcd.NewMutex(s, "jobs/nightly-report")
 		if err != nil {
 			log.Fatal(err)
 		}
-		g, err := m.Lock(ctx)
+		g, err := m.Lock(ctx) // waits its turn; g.Context() ends if the lock is lost
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer func() {
-			// Unlock's context bounds only the wait for etcd's answer; if it
-			// ends first, the session finishes the release in the background.
-			uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if err := g.Unlock(uctx); err != nil {
-				log.Print(err)
-			}
+			_ = g.Unlock(uctx) // if etcd does not answer in time, the session releases it later
 		}()
+		// g.Token() fences writes elsewhere; g.Txn commits only while the lock is held.
+		record := fmt.Sprintf("done under token %d", g.Token())
+		if _, err := g.Txn(g.Context(), clientv3.OpPut("reports/last", record)); err != nil {
+			log.Fatal(err)
+		}
 
-		// Run the work under g.Context(): it is cancelled if the lock is lost.
-		// Send g.Token() with every write so the resource can refuse stale ones.
-		var fence holdfast.Fence
+		var fence holdfast.Fence // what a fenced resource does with the token
 		fmt.Println("admitted:", fence.Admit(g.Token()) == nil)
 		fmt.Println("still held:", g.Context().Err() == nil)
 	})
@@ -75,8 +69,11 @@ func ExampleMutex_Lock() {
 // A guarded write commits only while the lock is held.
 func ExampleGrant_Txn() {
 	forUnitTestsRunInMockedContext(mockGrant_Txn, func() {
-		_, cli, stop := startEtcd()
-		defer stop()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer cli.Close()
 		ctx := context.Background()
 
 		s, err := etcd.NewSession(ctx, cli)
@@ -110,8 +107,11 @@ func ExampleGrant_Txn() {
 // TryLock fails at once when the lock is taken.
 func ExampleMutex_TryLock() {
 	forUnitTestsRunInMockedContext(mockMutex_TryLock, func() {
-		_, cli, stop := startEtcd()
-		defer stop()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer cli.Close()
 		ctx := context.Background()
 
 		s1, _ := etcd.NewSession(ctx, cli)
@@ -136,8 +136,11 @@ func ExampleMutex_TryLock() {
 // through its own session (one permit per session and name at a time).
 func ExampleSemaphore() {
 	forUnitTestsRunInMockedContext(mockSemaphore, func() {
-		_, cli, stop := startEtcd()
-		defer stop()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer cli.Close()
 		ctx := context.Background()
 
 		var permits []*etcd.Grant
@@ -174,8 +177,11 @@ func ExampleSemaphore() {
 // downgrade to a reader without letting another writer in.
 func ExampleRWMutex() {
 	forUnitTestsRunInMockedContext(mockRWMutex, func() {
-		_, cli, stop := startEtcd()
-		defer stop()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer cli.Close()
 		ctx := context.Background()
 
 		s1, _ := etcd.NewSession(ctx, cli)

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // mutexValue is the value of a Mutex's keys. concurrency.Mutex (and
@@ -31,7 +32,8 @@ const mutexValue = "holdfast lock"
 // is unknown (holdfast's Election and concurrency.Election write the same
 // key), while a waiting candidate with a proposal is concurrency.Election's
 // (holdfast's waiting candidates write an empty value, see Election). A
-// free name has no key: its kind is holdfast.KindUnknown. Errors: an
+// free name has no key: its kind is holdfast.KindUnknown. A claim's keys
+// (see Once) give holdfast.KindClaim, its last period and the run, if any. Errors: an
 // invalid name wraps holdfast.ErrInvalidName (before any request), a
 // refused request holdfast.ErrPermissionDenied.
 func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.State, error) {
@@ -47,12 +49,14 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 		return nil, fmt.Errorf("holdfast/etcd: inspect %s: %w", name, storeErr(err))
 	}
 	st := &holdfast.State{Name: name, Index: uint64(resp.Header.Revision)}
-	var queue, rw []*mvccpb.KeyValue
+	var queue, rw, claim []*mvccpb.KeyValue
 	var marker *mvccpb.KeyValue
 	for _, kv := range resp.Kvs {
 		rest := string(kv.Key[len(pfx):])
 		mode, id, _ := strings.Cut(rest, "/")
 		switch {
+		case rest == ".claim" || rest == ".run":
+			claim = append(claim, kv)
 		case rest == ".down":
 			marker = kv
 		case (mode == "read" || mode == "write") && id != "" && !strings.Contains(id, "/") && kv.Lease != 0:
@@ -76,6 +80,13 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 			ct.Left = time.Duration(max(l.TTL, 0)) * time.Second
 		}
 		return ct
+	}
+	if len(claim) > 0 {
+		inspectClaim(st, claim, contender)
+		for _, kv := range append(queue, rw...) {
+			st.Other = append(st.Other, string(kv.Key))
+		}
+		return st, nil
 	}
 	if len(rw) > 0 {
 		inspectRW(st, rw, marker, contender)
@@ -133,6 +144,26 @@ func Inspect(ctx context.Context, c *clientv3.Client, name string) (*holdfast.St
 		}
 	}
 	return st, nil
+}
+
+// inspectClaim fills st from a claim's keys (see Once): the record's
+// period and token, and the run that holds the mark, if any. A claim key
+// of an older holdfast (leased, JSON) is shown as the holder, its value
+// as is.
+func inspectClaim(st *holdfast.State, keys []*mvccpb.KeyValue, contender func(*mvccpb.KeyValue) holdfast.Contender) {
+	st.Kind = holdfast.KindClaim
+	for _, kv := range keys {
+		if p, ok := core.ParsePeriod(kv.Value); ok && kv.Lease == 0 {
+			st.Period, st.PeriodToken = p, holdfast.Token(kv.ModRevision)
+			continue
+		}
+		ct := contender(kv)
+		ct.Origin, ct.Token = holdfast.OriginHoldfast, holdfast.Token(kv.CreateRevision)
+		if _, ok := core.ParsePeriod(kv.Value); !ok {
+			ct.Value = kv.Value
+		}
+		st.Holders = append(st.Holders, ct)
+	}
 }
 
 // inspectRW fills st from a read-write lock's keys (see RWMutex), by create

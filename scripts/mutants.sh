@@ -52,6 +52,8 @@ etcd/multi-txn-guard|./tests/etcd/|TestMultiGuardedTxn
 consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
 cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand
 cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
+cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand
+cmd/terminal|./cmd/holdfast/|TestTerminalRead
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 '

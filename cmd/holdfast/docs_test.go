@@ -57,3 +57,25 @@ func TestDocsListCommands(t *testing.T) {
 		t.Errorf("README.md's row for cmd/holdfast lists %q; the binary has %q", listed, names)
 	}
 }
+
+// TestDocsGoWorkSection: the README section that go.work's comment refers
+// to exists (it referred to a missing "Installing the command").
+func TestDocsGoWorkSection(t *testing.T) {
+	work, err := os.ReadFile("../../go.work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := regexp.MustCompile(`README, "([^"]+)"`).FindAllSubmatch(work, -1)
+	if len(refs) == 0 {
+		t.Fatal("go.work's comment names no README section")
+	}
+	for _, ref := range refs {
+		if !regexp.MustCompile(`(?m)^#+ ` + regexp.QuoteMeta(string(ref[1])) + `$`).Match(readme) {
+			t.Errorf("go.work refers to the README section %q, which README.md does not have", ref[1])
+		}
+	}
+}

@@ -19,45 +19,59 @@ import (
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
-// TestExitStatusTableAgrees: lock's help, elect's (which refers to lock's)
-// and the README list the same exit statuses.
+// TestExitStatusTableAgrees: the exit status table of every command that
+// runs something or reads a store (lock, elect, once, status) lists the
+// rows of the README's table that name the command, no more, no fewer; the
+// README's default bound is status's.
 func TestExitStatusTableAgrees(t *testing.T) {
-	_, table, ok := strings.Cut(lockCommand.usage, "Exit status:\n")
-	if !ok {
-		t.Fatal("lock's usage has no exit status table")
-	}
-	var help []string
-	for _, l := range strings.Split(table, "\n") {
-		if len(l) > 2 && l[2] != ' ' {
-			help = append(help, strings.TrimSpace(l[:18]))
-		}
-	}
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(readme), "| exit status | meaning |\n|---|---|\n")
+	_, rest, ok := strings.Cut(string(readme), "| exit status | of | meaning |\n|---|---|---|\n")
 	if !ok {
 		t.Fatal("README has no exit status table")
 	}
-	var md []string
+	md := map[string][]string{} // command: its statuses, in the README's order
 	for _, l := range strings.Split(rest, "\n") {
 		if !strings.HasPrefix(l, "| ") {
 			break
 		}
-		md = append(md, strings.TrimSpace(strings.Split(l, "|")[1]))
+		cells := strings.Split(l, "|")
+		status := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		for _, m := range regexp.MustCompile("`([a-z]+)[^`]*`").FindAllStringSubmatch(cells[2], -1) {
+			md[m[1]] = append(md[m[1]], status)
+		}
 	}
-	if !slices.Equal(help, md) {
-		t.Errorf("lock --help lists %q, the README %q", help, md)
+	for _, c := range []*command{lockCommand, electCommand, onceCommand, statusCommand} {
+		help := helpStatuses(t, c)
+		if !slices.Equal(help, md[c.name]) {
+			t.Errorf("%s --help lists the exit statuses %q, the README's table %q", c.name, help, md[c.name])
+		}
 	}
-	if !strings.Contains(electCommand.usage, `the other exit statuses are those of "holdfast
-lock"`) {
-		t.Error("elect's usage does not refer to lock's exit statuses")
+	if want := "5 s unless `--timeout`"; statusTimeout != 5*time.Second || !strings.Contains(string(readme), want) {
+		t.Errorf("status's default --timeout is %v; the README's table should say %q", statusTimeout, want)
 	}
-	want := []string{"CMD's own", "2", "122", "124", "125", "126, 127", "128+N"}
-	if !slices.Equal(help, want) {
-		t.Errorf("lock --help lists %q, TestExitStatusRows covers %q", help, want)
+	if want := []string{"CMD's own", "2", "122", "124", "125", "126, 127", "128+N"}; !slices.Equal(helpStatuses(t, lockCommand), want) {
+		t.Errorf("lock --help lists %q, TestExitStatusRows covers %q", helpStatuses(t, lockCommand), want)
 	}
+}
+
+// helpStatuses returns the first column of the "Exit status:" table of c's
+// usage.
+func helpStatuses(t *testing.T, c *command) []string {
+	t.Helper()
+	_, table, ok := strings.Cut(c.usage, "Exit status:\n")
+	if !ok {
+		t.Fatalf("%s's usage has no exit status table", c.name)
+	}
+	var statuses []string
+	for _, l := range strings.Split(table, "\n") {
+		if len(l) > 2 && l[2] != ' ' {
+			statuses = append(statuses, strings.TrimSpace(l[:min(18, len(l))]))
+		}
+	}
+	return statuses
 }
 
 // TestExitStatusRows: one case (or more) per row of the exit status table,
@@ -92,6 +106,15 @@ func TestExitStatusRows(t *testing.T) {
 		{[]string{"elect", "jobs", "--", "true"}, "--value is required"},
 		{[]string{"elect", "--value", "v", "--ttl", "-5s", "jobs", "--", "true"}, "invalid TTL"},
 		{[]string{"elect", "--observe", "a//b"}, "invalid name"},
+		{[]string{"lock", "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
+		{[]string{"lock", "--backend", "consul", "--addr", silent, "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
+		{[]string{"lock", "--backend", "consul", "--addr", silent, "--lock-delay=-1s", "jobs", "--", "true"}, "lock-delay -1s"},
+		{[]string{"lock", "--backend", "consul", "--addr", silent, "--lock-delay=2m", "jobs", "--", "true"}, "lock-delay 2m0s"},
+		{[]string{"elect", "--value", "v", "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
+		{[]string{"elect", "--value", "v", "--timeout", "-1s", "jobs", "--", "true"}, "negative"},
+		{[]string{"elect", "--observe", "--try", "jobs"}, "--try applies to campaigning only"},
+		{[]string{"elect", "--observe", "--timeout", "0", "jobs"}, "want a positive duration"},
+		{[]string{"status", "--timeout", "0", "jobs"}, "want a positive duration"},
 	} {
 		p := start(t, append([]string{tc.args[0], "--endpoints", silent}, tc.args[1:]...)...)
 		code := p.wait(t, 10*time.Second)
@@ -205,6 +228,94 @@ func TestErrorMessages(t *testing.T) {
 				}
 				t.Logf("%q: %s", tc.args, msg)
 			}
+		})
+	}
+}
+
+// TestStoreUnreachable: a store that refuses connections ends lock, elect,
+// elect --observe and status with 125 in well under a second on both
+// stores, --timeout or not (etcd's client alone retries a refused port
+// until its 5 s connect timeout: 5.05 s before failFastRefused); a silent
+// one ends status and elect --observe with 125 at --timeout (etcd: plus
+// the diagnosis, a TCP or TLS probe of up to 500 ms).
+func TestStoreUnreachable(t *testing.T) {
+	silent, refused := silentListener(t), refusedAddr(t)
+	etcdAt := func(a string) []string { return []string{"--endpoints", a} }
+	consulAt := func(a string) []string { return []string{"--backend", "consul", "--addr", a} }
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		bound time.Duration
+		why   string
+	}{
+		{"etcd/refused/lock", append(etcdAt(refused), "lock", "un", "--", "true"), time.Second, "connection refused"},
+		{"etcd/refused/elect", append(etcdAt(refused), "elect", "--value", "v", "un", "--", "true"), time.Second, "connection refused"},
+		{"etcd/refused/observe", append(etcdAt(refused), "elect", "--observe", "un"), time.Second, "connection refused"},
+		{"etcd/refused/status", append(etcdAt(refused), "status", "un"), time.Second, "connection refused"},
+		{"consul/refused/lock", append(consulAt(refused), "lock", "un", "--", "true"), time.Second, "connection refused"},
+		{"consul/refused/observe", append(consulAt(refused), "elect", "--observe", "un"), time.Second, "connection refused"},
+		{"consul/refused/status", append(consulAt(refused), "status", "un"), time.Second, "connection refused"},
+		{"etcd/silent/status", append(etcdAt(silent), "status", "--timeout", "700ms", "un"), 700 * time.Millisecond, "did not answer within 700ms"},
+		{"etcd/silent/observe", append(etcdAt(silent), "elect", "--observe", "--timeout", "700ms", "un"), 700 * time.Millisecond, "did not answer within 700ms"},
+		{"consul/silent/status", append(consulAt(silent), "status", "--timeout", "700ms", "un"), 700 * time.Millisecond, "did not answer within 700ms"},
+		{"consul/silent/observe", append(consulAt(silent), "elect", "--observe", "--timeout", "700ms", "un"), 700 * time.Millisecond, "did not answer within 700ms"},
+		{"etcd/silent/elect", append(etcdAt(silent), "elect", "--value", "v", "--timeout", "700ms", "un", "--", "true"), 700 * time.Millisecond, "did not answer within 700ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i := slices.IndexFunc(tc.args, func(a string) bool { return a == "lock" || a == "elect" || a == "status" })
+			args := append(append([]string{tc.args[i]}, tc.args[:i]...), tc.args[i+1:]...)
+			p := start(t, args...)
+			code := p.wait(t, 30*time.Second)
+			msg := p.stderr.String()
+			t.Logf("exit %d after %v: %s", code, p.took.Round(time.Millisecond), strings.TrimSpace(msg))
+			slack := 300 * time.Millisecond
+			if strings.HasPrefix(tc.name, "etcd/silent") {
+				slack += 500 * time.Millisecond // diagnose's probe
+			}
+			if code != exitFailed || p.took > tc.bound+slack || !strings.Contains(msg, tc.why) {
+				t.Errorf("holdfast %q: exit %d after %v, want %d within %v; stderr lacks %q", args, code, p.took, exitFailed, tc.bound, tc.why)
+			}
+		})
+	}
+}
+
+// TestElectNotElected: elect --try exits 124 at once when the election has
+// a leader, and --timeout 124 when it elapses while campaigning (elect had
+// neither flag), on both stores; nothing of the candidate is left.
+func TestElectNotElected(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	a := embedtest.Consul(t)
+	for _, st := range []struct {
+		name  string
+		flags []string
+	}{
+		{"etcd", []string{"--endpoints", e.Endpoints()[0]}},
+		{"consul", []string{"--backend", "consul", "--addr", a.HTTPAddr, "--lock-delay", "0"}},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			ready := filepath.Join(t.TempDir(), "ready")
+			leader := start(t, append(append([]string{"elect", "--value", "first"}, st.flags...), "ne/svc", "--", "sh", "-c", `touch "$0"; sleep 30`, ready)...)
+			eventually(t, 20*time.Second, "the leader did not start", func() bool { _, err := os.Stat(ready); return err == nil })
+			for _, tc := range []struct {
+				args []string
+				min  time.Duration
+				max  time.Duration
+				want string
+			}{
+				{[]string{"--try"}, 0, time.Second, "ne/svc: not acquired: has a leader (term "},
+				{[]string{"--timeout", "700ms"}, 700 * time.Millisecond, 1500 * time.Millisecond, "ne/svc: not acquired: timed out waiting after 700ms"},
+			} {
+				p := start(t, append(append(append([]string{"elect", "--value", "second"}, tc.args...), st.flags...), "ne/svc", "--", "true")...)
+				code := p.wait(t, 20*time.Second)
+				t.Logf("elect %q: exit %d after %v", tc.args, code, p.took)
+				if msg := p.stderr.String(); code != exitNotAcquired || p.took < tc.min || p.took > tc.max || !strings.Contains(msg, tc.want) {
+					t.Errorf("elect %q: exit %d after %v, want %d within [%v, %v]; stderr %q lacks %q", tc.args, code, p.took, exitNotAcquired, tc.min, tc.max, msg, tc.want)
+				}
+			}
+			began := time.Now()
+			_ = leader.cmd.Process.Signal(syscall.SIGTERM)
+			leader.wait(t, 20*time.Second)
+			t.Logf("leader gone %v after SIGTERM", time.Since(began))
 		})
 	}
 }

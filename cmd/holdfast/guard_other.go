@@ -15,3 +15,13 @@ func setParentDeathSignal(*syscall.SysProcAttr) {}
 
 // selfExecutable is the path this binary was started from.
 func selfExecutable() (string, error) { return os.Executable() }
+
+// foregroundTerminal is false: only on Linux does CMD get the terminal.
+func foregroundTerminal(int) bool { return false }
+
+func terminalGroup(int) int { return -1 }
+
+func setTerminalGroup(int, int) {}
+
+// childStopped is false: only on Linux does holdfast follow CMD's stops.
+func childStopped(int) bool { return false }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Exit statuses of lock (and elect) other than the child's own; documented
@@ -57,10 +59,14 @@ is noticed lost before another client can be granted it.
 With --and NAME2 (repeatable) it locks NAME, NAME2... as one grant: each an
 ordinary lock of its name, taken in sorted order whatever the order given,
 so two such commands never deadlock; the loss of any of them stops CMD.
-HOLDFAST_KEY and HOLDFAST_TOKEN are then NAME's, and CMD also gets
-HOLDFAST_NAMES, HOLDFAST_KEYS and HOLDFAST_TOKENS (comma-separated, in
-sorted order of the names); a write to what one name protects is fenced by
-that name's token. The native tools' variables are not set.
+HOLDFAST_KEY and HOLDFAST_TOKEN are then NAME's, and CMD also gets one
+HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in the
+order of the command line (HOLDFAST_TOKEN_1 is NAME's, HOLDFAST_TOKEN_2 the
+first --and name's...), and HOLDFAST_NAMES, HOLDFAST_KEYS and
+HOLDFAST_TOKENS (comma-separated, in sorted order of the names); a write to
+what one name protects is fenced by that name's token. The native tools'
+variables are not set. With -v, holdfast names the name it waits on and
+every name's token.
 
 The key layout is the native one, so holdfast, "etcdctl lock NAME" and
 "consul lock NAME" (and concurrency.Mutex, api.Lock on NAME/.lock) exclude
@@ -119,7 +125,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	var also nameList
-	fs.Var(&also, "and", "also lock `NAME2` (repeatable): all the names as one grant, taken in sorted order (no deadlock); HOLDFAST_NAMES, HOLDFAST_KEYS, HOLDFAST_TOKENS list them")
+	fs.Var(&also, "and", "also lock `NAME2` (repeatable): all the names as one grant, taken in sorted order (no deadlock); HOLDFAST_TOKEN_<i> (and _NAME_, _KEY_) per name in command-line order, HOLDFAST_NAMES, HOLDFAST_KEYS, HOLDFAST_TOKENS list them")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, argv, err := splitCommand(ctx, args)
 		if err != nil {
@@ -149,7 +155,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		defer stop()
-		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: len(also) == 0, bound: *timeout, try: *try, verbose: *vis.verbose}
+		r := runner{e: e, what: "the lock", grace: *grace, childCode: *childCode, native: len(also) == 0, bound: *timeout, try: *try, verbose: *vis.verbose, also: also}
 		if *permits > 1 {
 			r.what = "its permit"
 		}
@@ -216,7 +222,8 @@ type runner struct {
 	try      bool
 	verbose  bool // -v: say what happens on stderr
 	extraEnv []string
-	native   bool // set the native lock commands' variables too
+	native   bool     // set the native lock commands' variables too
+	also     []string // lock --and: the other names (for -v)
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -269,14 +276,14 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			if r.verbose {
 				pctx, cancel := context.WithCancel(wctx)
 				reported := make(chan struct{})
-				go func() { defer close(reported); r.reportPosition(pctx, s, name) }()
+				go func() { defer close(reported); r.reportPosition(pctx, s, r.waitNames(name)) }()
 				defer func() { cancel(); <-reported }()
 			}
 			g, err = acquire(wctx, s)
 			return err
 		})
 		if err == nil {
-			r.verbosef("%s: acquired %s, token %s, after %v", name, r.what, g.Token(), time.Since(began).Round(time.Millisecond))
+			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
 			if r.try {
@@ -361,7 +368,7 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	}
 	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
-	guard, warning, err := startGuarded(cmd)
+	werr, lostCause, err := runUnder(ctx, g, cmd, policing{name: name, what: r.what, grace: r.grace, stderr: r.e.stderr, sigs: sigs})
 	if err != nil {
 		r.release(g, name)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -369,50 +376,9 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 		}
 		return exitError{exitCannotRun, fmt.Errorf("%s: %w", name, err)}
 	}
-	if warning != nil {
-		fmt.Fprintf(r.e.stderr, "holdfast: %s: %v\n", name, warning)
-	}
-	pgid := cmd.Process.Pid
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-
-	lost := g.Context().Done()
-	stop := ctx.Done()
-	var kill <-chan time.Time
-	var lostCause error
-	var werr error
-wait:
-	for {
-		select {
-		case werr = <-done:
-			break wait
-		case sig := <-sigs:
-			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-		case <-stop: // our caller gave up (in-process use): as a SIGTERM
-			stop = nil
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		case <-lost:
-			lost = nil
-			lostCause = context.Cause(g.Context())
-			fmt.Fprintf(r.e.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", name, r.what, lossReason(lostCause))
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			t := time.NewTimer(r.grace)
-			defer t.Stop()
-			kill = t.C
-		case <-kill:
-			kill = nil
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		}
-	}
-	if lostCause == nil && g.Context().Err() != nil && !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		lostCause = context.Cause(g.Context()) // lost as the command ended
-	}
 	if lostCause != nil {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the lock
-		guard.standDown()
 		return exitError{exitLost, explainf(lostCause, "%s: lost %s while the command ran: %s", name, r.what, lossReason(lostCause))}
 	}
-	guard.standDown()
 	r.release(g, name)
 	code := 0
 	var ee *exec.ExitError
@@ -430,6 +396,149 @@ wait:
 	return exitError{code: code}
 }
 
+// policing says how runUnder polices a command.
+type policing struct {
+	name, what string        // for messages: NAME and "the lock", "leadership"...
+	grace      time.Duration // --kill-grace: between SIGTERM and SIGKILL
+	stderr     io.Writer     // where holdfast's messages go
+	// sigs, if not nil, are signals to pass on to the command's process
+	// group (see forwarded).
+	sigs <-chan os.Signal
+}
+
+// runUnder starts cmd and runs it while g is held, and returns how it
+// ended: cmd.Wait's error, and the cause of the grant's loss if it was
+// lost before the command ended (the command was then stopped, SIGTERM
+// then SIGKILL after p.grace, and its whole process group killed). It
+// does not release g. err is not nil only if cmd could not be started.
+//
+// This is what every subcommand that runs a command under a grant uses
+// (lock, elect): the command runs in its own process group, with the
+// terminal if holdfast has it (stdin a terminal, holdfast in the
+// foreground: Ctrl-C and Ctrl-Z reach the command); a guard process
+// stops that group if holdfast dies or stops (SIGSTOP, Ctrl-Z) for too
+// long to renew the grant, before the grant's deadline (see guard.go); a
+// stop of the command by the terminal (Ctrl-Z) stops holdfast too, as a
+// shell job, and SIGTSTP to holdfast stops the command; on SIGCONT both
+// go on, unless the grant was lost meanwhile. ctx ending sends the
+// command SIGTERM, as a signal would.
+func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) (werr, lostCause, err error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	tty := -1
+	if cmd.Stdin == os.Stdin && foregroundTerminal(int(os.Stdin.Fd())) && !mutant.On("cmd/terminal") {
+		tty = int(os.Stdin.Fd())
+		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
+	}
+	job := make(chan os.Signal, 4)
+	signal.Notify(job, syscall.SIGTSTP, syscall.SIGCHLD)
+	defer signal.Stop(job)
+	conts := make(chan os.Signal, 1)
+	signal.Notify(conts, syscall.SIGCONT)
+	defer signal.Stop(conts)
+
+	guard, warning, err := startGuarded(cmd, p.grace)
+	if err != nil {
+		return nil, nil, err
+	}
+	if warning != nil {
+		fmt.Fprintf(p.stderr, "holdfast: %s: %v\n", p.name, warning)
+	}
+	pgid := cmd.Process.Pid
+	if tty >= 0 {
+		defer func() {
+			if terminalGroup(tty) == pgid { // the terminal back to holdfast's group
+				setTerminalGroup(tty, syscall.Getpgrp())
+			}
+		}()
+	}
+	fed := make(chan struct{})
+	stopFeed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		t := time.NewTicker(feedEvery)
+		defer t.Stop()
+		for {
+			guard.feed(g.Deadline())
+			select {
+			case <-t.C:
+			case <-stopFeed:
+				return
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	// suspend stops holdfast (its job, for a shell) with the command until
+	// SIGCONT, then resumes the command if the grant is still held.
+	suspend := func() {
+		if tty >= 0 && terminalGroup(tty) == pgid {
+			setTerminalGroup(tty, syscall.Getpgrp())
+		}
+		for len(conts) > 0 {
+			<-conts
+		}
+		guard.jobStop()
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		<-conts
+		guard.jobResume()
+		if g.Context().Err() != nil { // lost while stopped: the command must not run on
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			return
+		}
+		if tty >= 0 && terminalGroup(tty) == syscall.Getpgrp() { // fg, not bg
+			setTerminalGroup(tty, pgid)
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	}
+
+	lost := g.Context().Done()
+	stop := ctx.Done()
+	var kill <-chan time.Time
+wait:
+	for {
+		select {
+		case werr = <-done:
+			break wait
+		case sig := <-p.sigs:
+			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+		case sig := <-job:
+			switch {
+			case sig == syscall.SIGTSTP: // kill -TSTP, or Ctrl-Z with the terminal not the command's
+				_ = syscall.Kill(-pgid, syscall.SIGSTOP)
+				suspend()
+			case tty >= 0 && childStopped(cmd.Process.Pid): // Ctrl-Z, or a read of the terminal in the background
+				suspend()
+			}
+		case <-stop: // our caller gave up (in-process use): as a SIGTERM
+			stop = nil
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		case <-lost:
+			lost = nil
+			lostCause = context.Cause(g.Context())
+			fmt.Fprintf(p.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", p.name, p.what, lossReason(lostCause))
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			_ = syscall.Kill(-pgid, syscall.SIGCONT) // a stopped command handles it too
+			t := time.NewTimer(p.grace)
+			defer t.Stop()
+			kill = t.C
+		case <-kill:
+			kill = nil
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+	}
+	close(stopFeed)
+	<-fed
+	if lostCause == nil && g.Context().Err() != nil && !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		lostCause = context.Cause(g.Context()) // lost as the command ended
+	}
+	if lostCause != nil {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the grant
+	}
+	guard.standDown()
+	return werr, lostCause, nil
+}
+
 // releaseTimeout bounds the release after the command exits; if the store
 // does not answer in time, closing the session (revoking it) frees the lock.
 const releaseTimeout = 5 * time.Second
@@ -441,5 +550,5 @@ func (r runner) release(g holdfast.Grant, name string) {
 		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
 		return
 	}
-	r.verbosef("%s: released %s, token %s", name, r.what, g.Token())
+	r.verbosef("%s: released %s, %s", name, r.what, tokens(g))
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,7 +40,7 @@ func multiLock(ctx context.Context, s *session, name string, also []string, try 
 		if err != nil {
 			return nil, err
 		}
-		return newMultiGrant(name, g), nil
+		return newMultiGrant(names, g), nil
 	}
 	m, err := hfconsul.NewMultiMutex(s.consul, names...)
 	if err != nil {
@@ -52,7 +54,7 @@ func multiLock(ctx context.Context, s *session, name string, also []string, try 
 	if err != nil {
 		return nil, err
 	}
-	return newMultiGrant(name, g), nil
+	return newMultiGrant(names, g), nil
 }
 
 // multiGrantOf is what both backends' MultiGrant offer.
@@ -70,17 +72,19 @@ type multiGrantOf interface {
 // what they mean for one name; Env adds every name's.
 type multiGrant struct {
 	multiGrantOf
-	main string
+	given []string // NAME, then each --and name, as given
 }
 
-func newMultiGrant(main string, g multiGrantOf) holdfast.Grant { return multiGrant{g, main} }
+func newMultiGrant(given []string, g multiGrantOf) holdfast.Grant { return multiGrant{g, given} }
 
-func (g multiGrant) Key() string           { return g.multiGrantOf.Key(g.main) }
-func (g multiGrant) Token() holdfast.Token { return g.multiGrantOf.Token(g.main) }
+func (g multiGrant) Key() string           { return g.multiGrantOf.Key(g.given[0]) }
+func (g multiGrant) Token() holdfast.Token { return g.multiGrantOf.Token(g.given[0]) }
 
-// Env is HOLDFAST_NAMES, HOLDFAST_KEYS and HOLDFAST_TOKENS: every name,
-// key and token, comma-separated, in the order the names are taken
-// (sorted).
+// Env is HOLDFAST_NAMES, HOLDFAST_KEYS and HOLDFAST_TOKENS (every name,
+// key and token, comma-separated, in the order the names are taken:
+// sorted), and one HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and
+// HOLDFAST_TOKEN_<i> per name in the order of the command line (i from 1:
+// NAME, then each --and; a repeated name counts once).
 func (g multiGrant) Env() []string {
 	names := g.Names()
 	keys := make([]string, len(names))
@@ -88,5 +92,39 @@ func (g multiGrant) Env() []string {
 	for i, n := range names {
 		keys[i], tokens[i] = g.multiGrantOf.Key(n), g.multiGrantOf.Token(n).String()
 	}
-	return []string{"HOLDFAST_NAMES=" + strings.Join(names, ","), "HOLDFAST_KEYS=" + strings.Join(keys, ","), "HOLDFAST_TOKENS=" + strings.Join(tokens, ",")}
+	env := []string{"HOLDFAST_NAMES=" + strings.Join(names, ","), "HOLDFAST_KEYS=" + strings.Join(keys, ","), "HOLDFAST_TOKENS=" + strings.Join(tokens, ",")}
+	for i, n := range g.ordered() {
+		env = append(env, fmt.Sprintf("HOLDFAST_NAME_%d=%s", i+1, n), fmt.Sprintf("HOLDFAST_KEY_%d=%s", i+1, g.multiGrantOf.Key(n)), fmt.Sprintf("HOLDFAST_TOKEN_%d=%s", i+1, g.multiGrantOf.Token(n)))
+	}
+	return env
+}
+
+// ordered is the names in the order of the command line, each once.
+func (g multiGrant) ordered() []string {
+	var names []string
+	for _, n := range g.given {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// Tokens says every name's token for -v, in the order of the command
+// line: "tokens acct/b 12, acct/a 11".
+func (g multiGrant) Tokens() string {
+	var parts []string
+	for _, n := range g.ordered() {
+		parts = append(parts, fmt.Sprintf("%s %s", n, g.multiGrantOf.Token(n)))
+	}
+	return "tokens " + strings.Join(parts, ", ")
+}
+
+// tokens says g's token for -v: "token 12", or every name's for a
+// multi-name grant.
+func tokens(g holdfast.Grant) string {
+	if m, ok := g.(multiGrant); ok {
+		return m.Tokens()
+	}
+	return "token " + g.Token().String()
 }

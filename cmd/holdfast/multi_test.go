@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
+	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 // TestLockMulti: "lock --and" takes several names as one grant. Four
@@ -59,5 +62,52 @@ func TestLockMulti(t *testing.T) {
 	}
 	if keys := keysUnder(t, c, "acct/"); len(keys) != 0 {
 		t.Errorf("keys left: %v", keys)
+	}
+}
+
+// TestLockMultiVerbose: with -v, "lock --and acct/a acct/b" says it waits
+// on acct/a (taken first, held elsewhere), not on NAME (before: "acct/b:
+// waiting behind 1"); "acquired" names every name's token; CMD gets
+// HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in
+// command-line order, and HOLDFAST_TOKEN is still NAME's.
+func TestLockMultiVerbose(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := hfetcd.NewSession(ctx, e.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m, err := hfetcd.NewMutex(s, "acct/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "lock", "-v", "--endpoints", e.Endpoints()[0], "--and", "acct/a", "acct/b", "--", "sh", "-c",
+		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3"`)
+	eventually(t, 20*time.Second, "lock -v did not say where it waits", func() bool { return strings.Contains(p.stderr.String(), "waiting behind") })
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d: %s", code, p.stderr.String())
+	}
+	msg := p.stderr.String()
+	if !strings.Contains(msg, "holdfast: acct/a: waiting behind 1 (1 holding, 0 waiting ahead)") || strings.Contains(msg, "acct/b: waiting") {
+		t.Errorf("stderr %q: want it to wait on acct/a, behind 1", msg)
+	}
+	f := strings.Fields(p.stdout.String())
+	if len(f) != 7 || f[1] != "acct/b" || f[4] != "acct/a" || f[0] != f[2] || !strings.HasPrefix(f[3], "acct/b/") || !strings.HasPrefix(f[6], "acct/a/") {
+		t.Fatalf("CMD saw %q: want NAME's token, then acct/b's name, token and key (_1), acct/a's (_2), and no _3", f)
+	}
+	if want := regexp.MustCompile(`holdfast: acct/b: acquired the lock, tokens acct/b ` + f[2] + `, acct/a ` + f[5] + `, after \S+\n`); !want.MatchString(msg) {
+		t.Errorf("stderr %q lacks a line matching %s", msg, want)
+	}
+	if !strings.Contains(msg, "released the lock, tokens acct/b "+f[2]+", acct/a "+f[5]) {
+		t.Errorf("stderr %q does not say every token released", msg)
 	}
 }

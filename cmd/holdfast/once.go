@@ -20,45 +20,67 @@ var onceCommand = &command{
 
 Claims the period NAME is in now (periods are the multiples of --every since
 the Unix epoch, by this machine's wall clock) and runs CMD if this is the
-first claim; if the period is already claimed (or an earlier period's run
-still holds the claim), it exits --claimed-exit (default 0) without running
-CMD. Run it from cron (or a systemd timer) on every replica at each tick:
-one replica runs CMD per period.
+first claim; if the period is already claimed, a later one was, or an
+earlier period's run still holds, it exits --claimed-exit (default 0)
+without running CMD. Run it from cron (or a systemd timer) on every replica
+at each tick: one replica runs CMD per period.
 
-The claim stays taken --at-least after it was made even if CMD ends sooner,
-so a replica whose clock (or cron) is late by less than that finds it taken.
-Keep --at-least larger than the clock skew between replicas plus the spread
-of their cron start times, and --at-least plus that skew under --every. The
-claim lasts --at-most (default --every) if holdfast dies: the store frees it
-by then. CMD must finish within --at-most (on Consul, within half of it:
-Consul may expire a session from its TTL, AtMost/2, on); when the claim
-reaches its deadline CMD is sent SIGTERM, then SIGKILL after --kill-grace,
-and holdfast exits 122. Consul: --at-most is at least 20s, and a claim
-released early stays until --at-least only while holdfast runs: after it
-exits, Consul frees it between the rest of --at-least (at least 10s) and
-twice that.
+The store records the last period claimed under NAME (the key NAME/.claim,
+about 30 bytes, which stays: the one key left behind), so a period runs once
+whatever the delays: a replica whose clock, cron or store is late is
+refused, and a claim answered after its period ended does not run CMD. No
+--at-least is needed for that: it defaults to 0. --at-least D keeps the run
+marked D after the claim even if CMD ends sooner (holdfast waits, then
+removes the mark), so that a replica whose clock or cron runs early cannot
+start the next period's run sooner than D after this one.
+
+A run is marked in the store (NAME/.run, with an etcd lease or a Consul
+session of its own) until CMD ends, or --at-most (default --every, at least
+the store's floor: etcd 2s, Consul 20s) if holdfast dies: later periods are
+skipped while it holds. CMD must finish within --at-most (on Consul, within
+half of it: Consul may expire a session from its TTL, AtMost/2, on); when
+the claim reaches its deadline CMD is sent SIGTERM, then SIGKILL after
+--kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
+session behind, CMD run or not.
+
+The attempt, connecting included, is bounded by the end of the period (a
+claim cannot run after it), or by --timeout if shorter; --try bounds it by
+2s. A store that does not answer in time exits 125.
 
 CMD gets the environment of "holdfast lock": HOLDFAST_NAME, HOLDFAST_KEY
-(NAME/.claim), HOLDFAST_TOKEN (the claim's fencing token), and
-HOLDFAST_PERIOD (the period's start, RFC 3339, UTC). Signals are handled as
-by "holdfast lock".
+(NAME/.run), HOLDFAST_TOKEN (the claim's fencing token, increasing from
+period to period), and HOLDFAST_PERIOD (the period's start, RFC 3339, UTC).
+Signals are handled as by "holdfast lock". -v says on stderr what happens,
+--metrics-addr and --log as for "holdfast lock".
 
 Exit status:
   CMD's own       CMD ran and exited (0 with --child-exit-code=false)
-  --claimed-exit  the period was already claimed: CMD did not run (default 0)
+  --claimed-exit  the period was already claimed, or was over before the
+                  claim was made: CMD did not run (default 0)
   2               bad usage
   122             the claim ended (deadline) while CMD ran; CMD was stopped
-  125             holdfast failed (store unreachable, refused)
+  125             holdfast failed: the store unreachable or silent within
+                  the bound, refused
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while claiming`,
 	flags: onceFlags,
 }
 
+// Floors of --at-most's default: a store's shortest claim (etcd's shortest
+// lease; twice Consul's shortest session TTL).
+const (
+	etcdClaimFloor   = 2 * time.Second
+	consulClaimFloor = 20 * time.Second
+)
+
 func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
+	vis := addVisibilityFlags(fs)
 	every := fs.Duration("every", 0, "the length of a period (required)")
-	atLeast := fs.Duration("at-least", 0, "how long a claim stays taken after it was made, even if CMD ends sooner")
-	atMost := fs.Duration("at-most", 0, "how long a claim lasts if holdfast dies (default --every)")
+	atLeast := fs.Duration("at-least", 0, "keep the run marked this long after the claim even if CMD ends sooner, so that an early clock cannot start the next period's run sooner (0: not needed for once per period)")
+	atMost := fs.Duration("at-most", 0, "how long a run stays marked if holdfast dies (default --every, at least 2s on etcd, 20s on Consul)")
+	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included, exiting 125 (0: at the end of the period)")
+	try := fs.Bool("try", false, "bound the attempt, connecting included, by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the claim ends, how long CMD has between SIGTERM and SIGKILL")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	claimedExit := fs.Int("claimed-exit", 0, "exit status when the period is already claimed and CMD does not run")
@@ -69,11 +91,23 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		sched := holdfast.Schedule{Every: *every, AtLeast: *atLeast, AtMost: *atMost}
 		if sched.AtMost == 0 {
-			sched.AtMost = sched.Every
+			floor := etcdClaimFloor
+			if *sf.backend == "consul" {
+				floor = consulClaimFloor
+			}
+			sched.AtMost = max(sched.Every, floor)
 		}
 		switch {
 		case *every <= 0:
 			return usagef("--every is required and must be positive")
+		case *atLeast < 0:
+			return usagef("--at-least %v is negative", *atLeast)
+		case *atLeast >= *every && *every > 0:
+			return usagef("--at-least %v is not shorter than --every %v: the next period would always be skipped", *atLeast, *every)
+		case *atLeast > sched.AtMost:
+			return usagef("--at-least %v is longer than --at-most %v", *atLeast, sched.AtMost)
+		case *timeout < 0:
+			return usagef("--timeout %v is negative", *timeout)
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
 		case *claimedExit < 0 || *claimedExit > 255:
@@ -83,16 +117,36 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return usagef("%v", err)
 		}
 		if err := holdfast.ValidateName(name); err != nil {
-			return usagef("%v", err)
+			return explain(err, name, "")
 		}
+		stop, err := vis.start(e, sf)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		period := sched.Period(time.Now())
-		r := runner{e: e, what: "the claim", grace: *grace, childCode: *childCode,
+		bound := time.Until(period.Add(sched.Every))
+		switch {
+		case *timeout > 0:
+			bound = min(bound, *timeout)
+		case *try:
+			bound = min(bound, tryBound)
+		}
+		r := runner{e: e, what: "the claim", grace: *grace, childCode: *childCode, bound: max(bound, time.Millisecond), try: true, verbose: *vis.verbose,
 			extraEnv: []string{"HOLDFAST_PERIOD=" + period.Format(time.RFC3339)}}
 		err = r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
-			return claim(ctx, s, name, sched, period)
+			g, err := claim(ctx, s, name, sched, period)
+			if err != nil || sched.AtLeast == 0 {
+				return g, err
+			}
+			return atLeastGrant{g, time.Now().Add(sched.AtLeast)}, nil
 		}, name, argv)
 		if errors.Is(err, holdfast.ErrClaimed) {
-			fmt.Fprintf(e.stderr, "holdfast: not running the command: %v\n", errors.Unwrap(err))
+			d := detail(err, holdfast.ErrClaimed, name)
+			if errors.Is(err, holdfast.ErrPeriodOver) {
+				d = detail(err, holdfast.ErrPeriodOver, name) + ": the period was over when the claim was answered"
+			}
+			fmt.Fprintf(e.stderr, "holdfast: %s: not running the command %s\n", name, d)
 			if *claimedExit == 0 {
 				return nil
 			}
@@ -100,6 +154,26 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		}
 		return err
 	}
+}
+
+// atLeastGrant is a claim whose release waits until AtLeast after the claim
+// (the library's Unlock waits too, but within the runner's release bound):
+// then the release has a bound of its own.
+type atLeastGrant struct {
+	holdfast.Grant
+	until time.Time
+}
+
+func (g atLeastGrant) Unlock(ctx context.Context) error {
+	t := time.NewTimer(time.Until(g.until))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-g.Context().Done():
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return g.Grant.Unlock(uctx)
 }
 
 // claim claims period of name through s.

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	hfconsul "github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
+	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 func TestOnceUsage(t *testing.T) {
@@ -25,7 +27,10 @@ func TestOnceUsage(t *testing.T) {
 	}{
 		{[]string{"once", "jobs", "--", "true"}, "--every is required"},
 		{[]string{"once", "--every", "1m", "jobs"}, "missing the command"},
-		{[]string{"once", "--every", "1m", "--at-least", "2m", "jobs", "--", "true"}, "AtLeast"},
+		{[]string{"once", "--every", "1m", "--at-least", "2m", "jobs", "--", "true"}, "--at-least 2m0s is not shorter than --every"},
+		{[]string{"once", "--every", "1m", "--at-most", "30s", "--at-least", "40s", "jobs", "--", "true"}, "--at-least 40s is longer than --at-most"},
+		{[]string{"once", "--every", "1m", "--timeout", "-1s", "jobs", "--", "true"}, "--timeout -1s is negative"},
+		{[]string{"once", "--every", "1m", "--log", "xml", "jobs", "--", "true"}, "--log"},
 		{[]string{"once", "--every", "1m", "--claimed-exit", "300", "jobs", "--", "true"}, "0 to 255"},
 		{[]string{"once", "--every", "1m", "/jobs", "--", "true"}, "invalid name"},
 	} {
@@ -164,23 +169,29 @@ func TestOnceTicksConsul(t *testing.T) {
 	onceTicks(t, []string{"--backend", "consul", "--addr", a.HTTPAddr}, holdfast.Schedule{Every: 5 * time.Second, AtLeast: time.Second, AtMost: 20 * time.Second}, 3*time.Second, 9, "1.2")
 }
 
-// TestOnceConsul: on Consul, the first replica of a period runs (its token
-// is the claim key's ModifyIndex), a second one while it runs and a third
-// one after it ended but within --at-least do not run.
+// TestOnceConsul: on Consul, the first replica of a period runs (its key
+// is the run's mark NAME/.run, its token the record's ModifyIndex), a
+// second one while it runs and a third one after it ended (no --at-least)
+// do not run; once they exited, no claim session is left, and the record
+// is the one key.
 func TestOnceConsul(t *testing.T) {
 	holdfastBin(t)
 	a := embedtest.Consul(t)
 	c := a.Client(t)
-	args := []string{"once", "--backend", "consul", "--addr", a.HTTPAddr, "--every", "1h", "--at-least", "10s", "--at-most", "30s", "--claimed-exit", "3", "ops/report", "--", "sh", "-c", `echo "$HOLDFAST_KEY|$HOLDFAST_TOKEN"; sleep 1`}
+	args := []string{"once", "--backend", "consul", "--addr", a.HTTPAddr, "--every", "1h", "--claimed-exit", "3", "ops/report", "--", "sh", "-c", `echo "$HOLDFAST_KEY|$HOLDFAST_TOKEN"; sleep 1`}
 	p := start(t, args...)
 	eventually(t, 30*time.Second, "the command did not start", func() bool { return strings.Contains(p.stdout.String(), "|") })
 	f := strings.Split(strings.TrimSpace(p.stdout.String()), "|")
-	pair, _, err := c.KV().Get("ops/report/.claim", nil)
+	pair, _, err := c.KV().Get("ops/report/.run", nil)
 	if err != nil || pair == nil || pair.Session == "" {
-		t.Fatalf("claim key %+v, %v: want it held", pair, err)
+		t.Fatalf("run key %+v, %v: want it held", pair, err)
 	}
-	if f[0] != "ops/report/.claim" || f[1] != fmt.Sprint(pair.ModifyIndex) {
-		t.Errorf("HOLDFAST_KEY=%q HOLDFAST_TOKEN=%q, want ops/report/.claim and its ModifyIndex %d", f[0], f[1], pair.ModifyIndex)
+	rec, _, err := c.KV().Get("ops/report/.claim", nil)
+	if err != nil || rec == nil {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	if f[0] != "ops/report/.run" || f[1] != fmt.Sprint(rec.ModifyIndex) {
+		t.Errorf("HOLDFAST_KEY=%q HOLDFAST_TOKEN=%q, want ops/report/.run and the record's ModifyIndex %d", f[0], f[1], rec.ModifyIndex)
 	}
 	q := start(t, args...)
 	if code := q.wait(t, 30*time.Second); code != 3 || strings.Contains(q.stdout.String(), "|") {
@@ -191,6 +202,86 @@ func TestOnceConsul(t *testing.T) {
 	}
 	r := start(t, args...)
 	if code := r.wait(t, 30*time.Second); code != 3 || strings.Contains(r.stdout.String(), "|") {
-		t.Errorf("third replica after the run, within --at-least: exit %d (want 3, not run); stdout %q stderr %q", code, r.stdout.String(), r.stderr.String())
+		t.Errorf("third replica after the run: exit %d (want 3, not run); stdout %q stderr %q", code, r.stdout.String(), r.stderr.String())
+	}
+	if got := r.stderr.String(); strings.Count(got, "holdfast:") != 1 || !strings.Contains(got, "was claimed (token") {
+		t.Errorf("third replica's stderr %q: want one line saying the period was claimed, and its token", got)
+	}
+	all, _, err := c.Session().List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all {
+		if strings.HasPrefix(s.Name, "holdfast") {
+			t.Errorf("session %s (%s) left after every replica exited", s.ID, s.Name)
+		}
+	}
+	if ks, _, _ := c.KV().Keys("ops/report/", "", nil); len(ks) != 1 || ks[0] != "ops/report/.claim" {
+		t.Errorf("keys left %q, want the record alone", ks)
+	}
+}
+
+// TestStatusClaim: status of a claim shows kind claim, the last period
+// claimed and its token, and the run that holds (etcd: its lease's time
+// left; Consul: its session), as text and JSON; once the run ended, the
+// period and "no run holds".
+func TestStatusClaim(t *testing.T) {
+	holdfastBin(t)
+	e := etcdtest.Etcd(t)
+	a := embedtest.Consul(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sched := holdfast.Schedule{Every: time.Hour, AtMost: 30 * time.Second}
+	es, err := hfetcd.NewSession(ctx, e.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Close()
+	cs, err := hfconsul.NewSession(ctx, a.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	eo, _ := hfetcd.NewOnce(es, "st/claim", sched)
+	co, _ := hfconsul.NewOnce(cs, "st/claim", sched)
+	ec, err := eo.Claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := co.Claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		store []string
+		g     holdfast.Grant
+	}{
+		{[]string{"--endpoints", e.Endpoints()[0]}, ec},
+		{[]string{"--backend", "consul", "--addr", a.HTTPAddr}, cc},
+	} {
+		period := sched.Period(time.Now()).Format(time.RFC3339Nano)
+		st := statusJSON(t, append(tc.store, "st/claim")...)
+		if st.Kind != "claim" || st.Period != period || st.PeriodToken != uint64(tc.g.Token()) || len(st.Holders) != 1 || len(st.Waiters) != 0 || len(st.Other) != 0 {
+			t.Fatalf("status %v: %+v, want a claim of period %s, token %d, one run", tc.store, st, period, tc.g.Token())
+		}
+		if h := st.Holders[0]; h.Role != "run" || h.Key != "st/claim/.run" || h.Token != uint64(tc.g.Token()) || h.Value != "" || h.Origin != "holdfast" {
+			t.Errorf("status %v: run %+v, want the run's key and token, no value", tc.store, h)
+		}
+		if tc.store[0] == "--endpoints" {
+			if left, err := time.ParseDuration(st.Holders[0].Left); err != nil || left <= 0 || left > sched.AtMost {
+				t.Errorf("status: run's time left %q, want in (0, AtMost]", st.Holders[0].Left)
+			}
+		}
+		p := start(t, append(append([]string{"status"}, tc.store...), "st/claim")...)
+		if code := p.wait(t, 30*time.Second); code != 0 || !strings.Contains(p.stdout.String(), `claim "st/claim" at index`) || !strings.Contains(p.stdout.String(), fmt.Sprintf("period %s claimed, token %d", period, tc.g.Token())) {
+			t.Errorf("status %v: exit %d, output %q: want the claim, its period and token", tc.store, code, p.stdout.String())
+		}
+		if err := tc.g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p = start(t, append(append([]string{"status"}, tc.store...), "st/claim")...)
+		if code := p.wait(t, 30*time.Second); code != 0 || !strings.Contains(p.stdout.String(), fmt.Sprintf("period %s claimed, token %d; no run holds", period, tc.g.Token())) {
+			t.Errorf("status %v after the run: exit %d, output %q", tc.store, code, p.stdout.String())
+		}
 	}
 }

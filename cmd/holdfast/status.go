@@ -31,8 +31,8 @@ var statusCommand = &command{
 	usage: `usage: holdfast status [flags] NAME
 
 Shows what the store holds of NAME, read without writing anything: its kind
-(lock, semaphore with its limit, rwmutex, election; none when no key is
-there), the holders and the waiters in the order the store serves them, with
+(lock, semaphore with its limit, rwmutex, election, claim with the last
+period claimed and its token; none when no key is there), the holders and the waiters in the order the store serves them, with
 their fencing tokens, modes (read, write), sessions (etcd: lease ID, TTL and
 time left; Consul: session ID, TTL and lock-delay), values as their clients
 wrote them (an election's proposals), and whether holdfast or a native client
@@ -43,7 +43,18 @@ election's leader). holdfast's own bookkeeping keys and values are not shown.
 A lock's and an election's keys have the same layout: status reads keys with
 values as an election's; --kind lock or --kind election says which to show.
 --json prints one JSON object per state; --watch prints the state again each
-time the keys under NAME change (in place on a terminal), until interrupted.`,
+time the keys under NAME change (in place on a terminal), until interrupted.
+
+--timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store
+that does not answer within it, or refuses the connection, ends status with
+125.
+
+Exit status:
+  0               the state was shown; --watch was interrupted
+  2               a usage or input error, found before any request: a bad
+                  flag or argument, a missing or invalid NAME
+  125             the store was unreachable or silent within --timeout, or
+                  refused (permission)`,
 	flags: statusFlags,
 }
 
@@ -52,6 +63,7 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	kind := fs.String("kind", "auto", "auto, lock or election: how to show a lock's or an election's keys")
 	jsonOut := fs.Bool("json", false, "print JSON, one object per state")
 	watch := fs.Bool("watch", false, "print the state again on every change, until interrupted")
+	timeout := fs.Duration("timeout", statusTimeout, "bound on connecting and on each read: a store silent for this long ends status with 125")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) != 1 {
 			return usagef("want exactly one NAME")
@@ -65,19 +77,22 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		default:
 			return usagef("--kind %q: want auto, lock or election", *kind)
 		}
-		r, err := sf.reader(ctx)
+		if *timeout <= 0 {
+			return usagef("--timeout %v: want a positive duration", *timeout)
+		}
+		r, err := sf.reader(ctx, *timeout)
 		if err != nil {
 			return err
 		}
 		defer r.close()
 		p := printer{w: e.stdout, json: *jsonOut, clear: *watch && isTerminal(e.stdout)}
 		for {
-			st, err := r.read(ctx, name)
+			st, err := readBounded(ctx, r, name, *timeout)
 			if err != nil {
 				if ctx.Err() != nil && *watch {
 					return nil
 				}
-				return err
+				return explain(err, name, sf.describe())
 			}
 			if k := holdfast.Kind(*kind); k != "auto" && (st.Kind == holdfast.KindLock || st.Kind == holdfast.KindElection) {
 				st.Kind = k
@@ -92,17 +107,36 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				if ctx.Err() != nil {
 					return nil // interrupted
 				}
-				return err
+				return exitError{exitFailed, explainf(err, "%s: %s: %v", name, sf.describe(), err)}
 			}
 		}
 	}
+}
+
+// errSilent is the cause of a read that ran out of its --timeout: a
+// failure (125), unlike lock's errTimeout (124).
+var errSilent = errors.New("no answer")
+
+// statusTimeout is status's default --timeout (etcdctl's command timeout).
+const statusTimeout = 5 * time.Second
+
+// readBounded reads name's state through r within timeout: a store that
+// does not answer in time is a failure (125) that says so.
+func readBounded(ctx context.Context, r reader, name string, timeout time.Duration) (*holdfast.State, error) {
+	rctx, cancel := context.WithTimeoutCause(ctx, timeout, errSilent)
+	defer cancel()
+	st, err := r.read(rctx, name)
+	if err != nil && errors.Is(context.Cause(rctx), errSilent) && ctx.Err() == nil {
+		return nil, fmt.Errorf("did not answer within %v: %w", timeout, err)
+	}
+	return st, err
 }
 
 // view is what status prints of a state (the JSON of --json).
 type view struct {
 	Backend string          `json:"backend"`
 	Name    string          `json:"name"`
-	Kind    string          `json:"kind"`            // lock, semaphore, rwmutex, election, or none
+	Kind    string          `json:"kind"`            // lock, semaphore, rwmutex, election, claim, or none
 	Limit   int             `json:"limit,omitempty"` // a semaphore's
 	Index   uint64          `json:"index"`
 	Holders []contenderView `json:"holders"`
@@ -110,6 +144,10 @@ type view struct {
 	// Other lists keys under NAME/ that are no contender's (a longer
 	// name's, or a conflicting primitive's).
 	Other []string `json:"other,omitempty"`
+	// Period and PeriodToken are a claim's last period claimed (RFC 3339)
+	// and its token; its holder, if any, is that period's run.
+	Period      string `json:"period,omitempty"`
+	PeriodToken uint64 `json:"period_token,omitempty"`
 }
 
 // contenderView is one holder or waiter.
@@ -135,6 +173,12 @@ func newView(backend string, st *holdfast.State) view {
 	holder, waiter := "holder", "waiter"
 	if st.Kind == holdfast.KindElection {
 		holder, waiter = "leader", "candidate"
+	}
+	if st.Kind == holdfast.KindClaim {
+		holder = "run"
+		if !st.Period.IsZero() {
+			v.Period, v.PeriodToken = st.Period.Format(time.RFC3339Nano), uint64(st.PeriodToken)
+		}
 	}
 	conv := func(role string, c holdfast.Contender) contenderView {
 		cv := contenderView{Role: role, Key: c.Key, Token: uint64(c.Token), Mode: c.Mode, Session: c.Session, Value: string(c.Value), Origin: string(c.Origin)}
@@ -170,8 +214,9 @@ type reader interface {
 }
 
 // reader opens a read-only client on the store the flags name, with the
-// same TLS and authentication settings as the commands' sessions.
-func (f *storeFlags) reader(ctx context.Context) (reader, error) {
+// same TLS and authentication settings as the commands' sessions; timeout
+// bounds etcd's authentication.
+func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader, error) {
 	switch *f.backend {
 	case "etcd":
 		eps, err := endpointList("--endpoints", *f.endpoints)
@@ -184,7 +229,7 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 		}
 		cfg := clientv3.Config{
 			Endpoints:   eps,
-			DialTimeout: 5 * time.Second,
+			DialTimeout: timeout,
 			Logger:      zap.NewNop(),
 			Context:     ctx,
 			Username:    sec.user,
@@ -232,9 +277,6 @@ func (f *storeFlags) reader(ctx context.Context) (reader, error) {
 	}
 }
 
-// requestTimeout bounds each read of status.
-const requestTimeout = 10 * time.Second
-
 type etcdReader struct {
 	c   *clientv3.Client
 	tls *tls.Config // for a diagnosis
@@ -243,9 +285,11 @@ type etcdReader struct {
 func (r etcdReader) close() { r.c.Close() }
 
 func (r etcdReader) read(ctx context.Context, name string) (*holdfast.State, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	st, err := hfetcd.Inspect(ctx, r.c, name)
+	var st *holdfast.State
+	err := failFastRefused(ctx, r.c.Endpoints(), func(ctx context.Context) (err error) {
+		st, err = hfetcd.Inspect(ctx, r.c, name)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w%s", err, diagnose(r.c.Endpoints(), r.tls, err))
 	}
@@ -299,8 +343,6 @@ type consulReader struct{ c *api.Client }
 func (r consulReader) close() {}
 
 func (r consulReader) read(ctx context.Context, name string) (*holdfast.State, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	return hfconsul.Inspect(ctx, r.c, name)
 }
 
@@ -343,8 +385,13 @@ func (p printer) print(v view) error {
 		kind = "name" // no key says what it is
 	}
 	fmt.Fprintf(p.w, "%s %s %q at index %d: ", v.Backend, kind, v.Name, v.Index)
+	if v.Period != "" {
+		fmt.Fprintf(p.w, "period %s claimed, token %d; ", v.Period, v.PeriodToken)
+	}
 	all := append(append([]contenderView{}, v.Holders...), v.Waiters...)
-	if len(all) == 0 {
+	if len(all) == 0 && v.Kind == string(holdfast.KindClaim) {
+		fmt.Fprintln(p.w, "no run holds")
+	} else if len(all) == 0 {
 		fmt.Fprintln(p.w, "free, nobody waits")
 	} else {
 		fmt.Fprintf(p.w, "%d holder(s), %d waiter(s)\n", len(v.Holders), len(v.Waiters))

@@ -450,3 +450,56 @@ func TestStatusFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestObserveNoSession: elect --observe reads the election without a
+// session of its own: while it watches a leader come and go, etcd has only
+// the candidate's lease and Consul only the candidate's session (before,
+// the observer granted a lease and created a session of its own).
+func TestObserveNoSession(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	a := embedtest.Consul(t)
+	for _, st := range []struct {
+		name     string
+		flags    []string
+		sessions func() int
+	}{
+		{"etcd", []string{"--endpoints", e.Endpoints()[0]}, func() int {
+			l, err := e.Client(t).Leases(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(l.Leases)
+		}},
+		{"consul", []string{"--backend", "consul", "--addr", a.HTTPAddr}, func() int {
+			l, _, err := a.Client(t).Session().List(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(l)
+		}},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			before := st.sessions()
+			obs := observer(t, append(st.flags, "obs/none")...)
+			if o := nextObservation(t, obs); !o.None {
+				t.Fatalf("first observation %+v, want no leader", o)
+			}
+			if n := st.sessions(); n != before {
+				t.Errorf("%d leases or sessions while observing, %d before: the observer opened one", n, before)
+			}
+			p := start(t, append(append([]string{"elect", "--value", "v1"}, st.flags...), "obs/none", "--", "sleep", "0.5")...)
+			if o := nextObservation(t, obs); o.Value != "v1" {
+				t.Fatalf("observation %+v, want v1 leading", o)
+			}
+			if n := st.sessions(); n != before+1 {
+				t.Errorf("%d leases or sessions with a candidate, %d before: want only the candidate's", n, before)
+			}
+			if code := p.wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("elect: exit %d: %s", code, p.stderr.String())
+			}
+			if o := nextObservation(t, obs); !o.None {
+				t.Fatalf("observation %+v after the leader resigned, want no leader", o)
+			}
+		})
+	}
+}

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -50,8 +53,8 @@ type storeFlags struct {
 // HOLDFAST_ENDPOINTS and HOLDFAST_BACKEND.
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	f := addConnFlags(fs)
-	f.ttl = fs.Duration("ttl", 0, "session TTL: how long the store keeps a crashed holder's grants (default: etcd 15s, Consul 15s)")
-	f.lockDelay = fs.Duration("lock-delay", -1, "Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again (default 15s; 0 for none)")
+	f.ttl = fs.Duration("ttl", 0, fmt.Sprintf("session TTL: how long the store keeps a crashed holder's grants (default 15s); etcd: at least %v, whole seconds; Consul: %v to %v, and Consul expires a crashed holder's session between TTL and 2 x TTL (+ --lock-delay); 0 is refused", hfetcd.MinTTL, hfconsul.MinTTL, hfconsul.MaxTTL))
+	f.lockDelay = fs.Duration("lock-delay", -1, fmt.Sprintf("Consul only: the session's lock-delay, after which a lock whose holder's session was invalidated can be taken again: 0 (none) to %v (default 15s)", hfconsul.MaxLockDelay))
 	return f
 }
 
@@ -86,11 +89,14 @@ type session struct {
 	consul  *hfconsul.Session
 }
 
-// open checks the flags and opens a session.
+// open checks the flags and opens a session. A --ttl or --lock-delay given
+// on the command line goes to the library as given, which refuses a value
+// out of range (0 and negative included) before any request.
 func (f *storeFlags) open(ctx context.Context) (*session, error) {
+	ttlGiven, lockDelayGiven := flagGiven(ctx, "ttl"), flagGiven(ctx, "lock-delay")
 	switch *f.backend {
 	case "etcd":
-		if *f.lockDelay >= 0 {
+		if lockDelayGiven {
 			return nil, usagef("--lock-delay applies to Consul only")
 		}
 		sec, err := f.secure()
@@ -104,7 +110,7 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if f.logger != nil {
 			opts = append(opts, hfetcd.WithLogger(f.logger))
 		}
-		if *f.ttl != 0 {
+		if ttlGiven {
 			opts = append(opts, hfetcd.WithTTL(*f.ttl))
 		}
 		if sec.tls() {
@@ -117,8 +123,11 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := hfetcd.Dial(ctx, eps, opts...)
-		if err != nil {
+		var s *hfetcd.Session
+		if err := failFastRefused(ctx, eps, func(ctx context.Context) (err error) {
+			s, err = hfetcd.Dial(ctx, eps, opts...)
+			return err
+		}); err != nil {
 			return nil, err
 		}
 		return &session{backend: "etcd", etcd: s}, nil
@@ -134,7 +143,7 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if f.logger != nil {
 			opts = append(opts, hfconsul.WithLogger(f.logger))
 		}
-		if *f.ttl != 0 {
+		if ttlGiven {
 			opts = append(opts, hfconsul.WithTTL(*f.ttl))
 		}
 		if sec.tls() {
@@ -143,7 +152,7 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 		if !sec.token.Empty() {
 			opts = append(opts, hfconsul.WithToken(sec.token.Reveal()))
 		}
-		if *f.lockDelay >= 0 {
+		if lockDelayGiven {
 			opts = append(opts, hfconsul.WithLockDelay(*f.lockDelay))
 		}
 		s, err := hfconsul.Dial(ctx, *f.addr, opts...)
@@ -191,6 +200,7 @@ func (s *session) semaphore(name string, limit int) (holdfast.Locker, error) {
 // candidate is either backend's election, with holdfast.Grant grants.
 type candidate interface {
 	Campaign(ctx context.Context, value []byte) (holdfast.Grant, error)
+	Leader(ctx context.Context) (holdfast.Leader, error)
 	Observe(ctx context.Context) <-chan holdfast.Leader
 }
 
@@ -203,6 +213,8 @@ func (a anyCandidate[G]) Campaign(ctx context.Context, value []byte) (holdfast.G
 	}
 	return g, nil
 }
+
+func (a anyCandidate[G]) Leader(ctx context.Context) (holdfast.Leader, error) { return a.c.Leader(ctx) }
 
 func (a anyCandidate[G]) Observe(ctx context.Context) <-chan holdfast.Leader { return a.c.Observe(ctx) }
 
@@ -342,4 +354,67 @@ func flagOr(v, env string) string {
 		return v
 	}
 	return os.Getenv(env)
+}
+
+// probeDelay is how long a request to etcd runs before failFastRefused
+// probes its endpoints: one that is answered sooner costs no probe.
+const probeDelay = 100 * time.Millisecond
+
+// failFastRefused runs fn, a first request to etcd, and ends it with a
+// "connection refused" error as soon as every endpoint refuses a TCP
+// connection: etcd's client retries a refused connection until the
+// request's context ends (5 s by default), where Consul's fails at once.
+// A request still running after probeDelay makes one connection attempt
+// to each endpoint (not to unix sockets).
+func failFastRefused(ctx context.Context, endpoints []string, fn func(context.Context) error) error {
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		t := time.NewTimer(probeDelay)
+		defer t.Stop()
+		select {
+		case <-pctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := allRefused(pctx, endpoints); err != nil {
+			cancel(err)
+		}
+	}()
+	err := fn(pctx)
+	refused := context.Cause(pctx)
+	cancel(nil)
+	<-probed
+	if err != nil && errors.Is(refused, syscall.ECONNREFUSED) {
+		return refused
+	}
+	return err
+}
+
+// allRefused tries a TCP connection to each endpoint and returns the
+// error of the last one if every one was refused, else nil.
+func allRefused(ctx context.Context, endpoints []string) error {
+	var last error
+	for _, ep := range endpoints {
+		host := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			if strings.HasPrefix(u.Scheme, "unix") {
+				return nil
+			}
+			host = u.Host
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", host)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil
+		}
+		last = err
+	}
+	return last
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,9 +83,20 @@ func (v *visibility) start(e *env, sf *storeFlags) (stop func(), err error) {
 // waits: one that is granted at once says nothing of waiting.
 const positionDelay = 200 * time.Millisecond
 
+// waitNames is the names an acquisition of name waits for, in the order
+// it takes them: name alone, or with lock --and every name, sorted.
+func (r runner) waitNames(name string) []string {
+	if len(r.also) == 0 {
+		return []string{name}
+	}
+	names := slices.Sorted(slices.Values(append([]string{name}, r.also...)))
+	return slices.Compact(names)
+}
+
 // reportPosition prints, once, how many holders and waiters are ahead of
-// this session on name, unless ctx ends first.
-func (r runner) reportPosition(ctx context.Context, s *session, name string) {
+// this session on the first of names (taken in that order) that it does
+// not hold yet, unless ctx ends first.
+func (r runner) reportPosition(ctx context.Context, s *session, names []string) {
 	t := time.NewTimer(positionDelay)
 	defer t.Stop()
 	select {
@@ -91,31 +104,43 @@ func (r runner) reportPosition(ctx context.Context, s *session, name string) {
 		return
 	case <-t.C:
 	}
-	var st *holdfast.State
-	var err error
-	var me string
-	if s.etcd != nil {
-		st, err = hfetcd.Inspect(ctx, s.etcd.Client(), name)
-		me = fmt.Sprintf("%x", int64(s.etcd.Lease()))
-	} else {
-		st, err = hfconsul.Inspect(ctx, s.consul.Client(), name)
-		me = s.consul.ID()
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if err != nil {
-		fmt.Fprintf(r.e.stderr, "holdfast: %s: waiting (the queue could not be read: %v)\n", name, err)
-		return
-	}
-	ahead := len(st.Holders)
-	for _, w := range st.Waiters {
-		if w.Session == me {
-			break
+	var held []string
+	for _, name := range names {
+		var st *holdfast.State
+		var err error
+		var me string
+		if s.etcd != nil {
+			st, err = hfetcd.Inspect(ctx, s.etcd.Client(), name)
+			me = fmt.Sprintf("%x", int64(s.etcd.Lease()))
+		} else {
+			st, err = hfconsul.Inspect(ctx, s.consul.Client(), name)
+			me = s.consul.ID()
 		}
-		ahead++
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: waiting (the queue could not be read: %v)\n", name, err)
+			return
+		}
+		if slices.ContainsFunc(st.Holders, func(c holdfast.Contender) bool { return c.Session == me }) {
+			held = append(held, name)
+			continue
+		}
+		ahead := len(st.Holders)
+		for _, w := range st.Waiters {
+			if w.Session == me {
+				break
+			}
+			ahead++
+		}
+		also := ""
+		if len(held) > 0 {
+			also = "; holding " + strings.Join(held, ", ")
+		}
+		fmt.Fprintf(r.e.stderr, "holdfast: %s: waiting behind %d (%d holding, %d waiting ahead%s)\n", name, ahead, len(st.Holders), ahead-len(st.Holders), also)
+		return
 	}
-	fmt.Fprintf(r.e.stderr, "holdfast: %s: waiting behind %d (%d holding, %d waiting ahead)\n", name, ahead, len(st.Holders), ahead-len(st.Holders))
 }
 
 // verbosef prints a -v line.

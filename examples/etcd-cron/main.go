@@ -5,10 +5,10 @@
 // as separate processes would have) wake up on the same schedule, each up to
 // -jitter late, and each claims the tick with a once-per-period claim
 // (etcd.Once). The first claimant runs the job; the others are told at once
-// that the tick is claimed and skip it. The claim stays taken -at-least
-// (default half a tick) after it was made, even when the job is quicker, so
-// a worker that wakes up late (by less than that) cannot run the same tick
-// again. The winner records its run with a guarded write, Claim.Txn, which
+// that the tick is claimed and skip it. etcd records the last tick claimed,
+// so a worker that wakes up late cannot run the same tick again; the run
+// stays marked -at-least (default half a tick) after the claim, so that a
+// worker that wakes up early cannot start the next tick's run sooner. The winner records its run with a guarded write, Claim.Txn, which
 // commits only while the claim is still held, so a worker whose claim ended
 // during the job cannot record over a newer run. Each run's fencing token is
 // higher than the last.
@@ -166,7 +166,7 @@ func (c *cron) runJob(ctx context.Context, o *etcd.Once, name string, tick int, 
 	} else if err != nil {
 		return "", err
 	}
-	// The run is over (the claim stays taken until -at-least has passed).
+	// The run is over (Unlock waits until -at-least has passed).
 	defer cl.Unlock(context.WithoutCancel(ctx)) // ErrNotHeld if the claim ended: nothing to undo
 
 	select { // the job, under the claim's context: cancelled if the claim ends

@@ -13,11 +13,14 @@ import (
 	"github.com/holdfast/holdfast/etcd"
 )
 
-// TestClaimGuardedTxn: a claim's key and token are "<name>/.claim" and its
-// create revision; Claim.Txn commits while the claim is held, refuses ops on
-// the claim's key, and once the key was deleted from outside (which the
-// claim does not watch) or the claim released, applies nothing and returns
-// ErrNotHeld.
+// TestClaimGuardedTxn: a claim's key and token are the run's mark
+// "<name>/.run" and its create revision, which is the mod revision of the
+// record "<name>/.claim" (no lease, the period as its value); Claim.Txn
+// commits while the claim is held, refuses ops on the claim's keys, and
+// once the mark was deleted from outside (which the claim does not watch)
+// or the claim released, applies nothing and returns ErrNotHeld. A claim
+// of the same period after the run is refused (the record); after Unlock
+// and a refused claim, the record is the one key left, and no lease.
 func TestClaimGuardedTxn(t *testing.T) {
 	c := etcdtest.Etcd(t)
 	cli := c.Client(t)
@@ -32,20 +35,29 @@ func TestClaimGuardedTxn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Get(ctx, "jobs/claimed/.claim")
+	resp, err := cli.Get(ctx, "jobs/claimed/.run")
 	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("claim key: %v %v", resp, err)
+		t.Fatalf("run key: %v %v", resp, err)
 	}
-	if cl.Key() != "jobs/claimed/.claim" || int64(cl.Token()) != resp.Kvs[0].CreateRevision || !cl.Period().Equal(sched.Period(time.Now())) {
-		t.Errorf("key %q token %d period %v: want the claim key, its create revision %d, this period", cl.Key(), cl.Token(), cl.Period(), resp.Kvs[0].CreateRevision)
+	rec, err := cli.Get(ctx, "jobs/claimed/.claim")
+	if err != nil || len(rec.Kvs) != 1 {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if cl.Key() != "jobs/claimed/.run" || int64(cl.Token()) != resp.Kvs[0].CreateRevision || !cl.Period().Equal(sched.Period(time.Now())) {
+		t.Errorf("key %q token %d period %v: want the run key, its create revision %d, this period", cl.Key(), cl.Token(), cl.Period(), resp.Kvs[0].CreateRevision)
+	}
+	if kv := rec.Kvs[0]; kv.ModRevision != int64(cl.Token()) || kv.Lease != 0 {
+		t.Errorf("record %q: mod revision %d lease %x, want the token %d and no lease", kv.Value, kv.ModRevision, kv.Lease, cl.Token())
 	}
 	if _, err := cl.Txn(ctx, clientv3.OpPut("jobs/claimed-record", "v1")); err != nil {
 		t.Fatalf("Txn while held: %v", err)
 	}
-	if _, err := cl.Txn(ctx, clientv3.OpPut("jobs/claimed/.claim", "x")); !errors.Is(err, holdfast.ErrInvalidArgument) {
-		t.Errorf("Txn on the claim key: %v, want ErrInvalidArgument", err)
+	for _, k := range []string{"jobs/claimed/.claim", "jobs/claimed/.run"} {
+		if _, err := cl.Txn(ctx, clientv3.OpPut(k, "x")); !errors.Is(err, holdfast.ErrInvalidArgument) {
+			t.Errorf("Txn on %s: %v, want ErrInvalidArgument", k, err)
+		}
 	}
-	if _, err := cli.Delete(ctx, "jobs/claimed/.claim"); err != nil {
+	if _, err := cli.Delete(ctx, "jobs/claimed/.run"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cl.Txn(ctx, clientv3.OpPut("jobs/claimed-record", "stale")); !errors.Is(err, holdfast.ErrNotHeld) {
@@ -58,8 +70,12 @@ func TestClaimGuardedTxn(t *testing.T) {
 		t.Errorf("claim context cause %v, want ErrLost", context.Cause(cl.Context()))
 	}
 
-	// A new claim; released, its Txn is refused locally.
-	cl2, err := o.Claim(ctx)
+	// The same period again: refused. The next one; released, its Txn is
+	// refused locally.
+	if g, err := o.Claim(ctx); !errors.Is(err, holdfast.ErrClaimed) {
+		t.Fatalf("a claim of the same period after its run: %v %v, want ErrClaimed (the record)", g, err)
+	}
+	cl2, err := o.ClaimPeriod(ctx, cl.Period().Add(sched.Every))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +90,19 @@ func TestClaimGuardedTxn(t *testing.T) {
 	}
 	if err := cl2.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("second Unlock: %v, want ErrNotHeld", err)
+	}
+	if g, err := o.ClaimPeriod(ctx, cl.Period()); !errors.Is(err, holdfast.ErrClaimed) {
+		t.Errorf("a claim of an earlier period: %v %v, want ErrClaimed", g, err)
+	}
+	if ks, _ := cli.Get(ctx, "jobs/claimed/", clientv3.WithPrefix(), clientv3.WithKeysOnly()); len(ks.Kvs) != 1 || string(ks.Kvs[0].Key) != "jobs/claimed/.claim" {
+		t.Errorf("keys left: %v, want the record alone", ks.Kvs)
+	}
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Leases) != 1 { // the session's
+		t.Errorf("%d leases after Unlock and refused claims, want the session's alone", len(leases.Leases))
 	}
 }
 

@@ -125,9 +125,8 @@ func backend(c *etcdtest.Cluster) conformance.Backend {
 				return conformance.AsMultiLocker[*etcd.MultiGrant](m), nil
 			}, f
 		},
-		// Leases are checked for expiry every 500 ms, and the lease that
-		// keeps a released claim until AtLeast is at least 2 s (etcd's
-		// shortest).
+		// A crashed claim's lease (at least 2 s, etcd's shortest) is
+		// checked for expiry every 500 ms; a released claim's is revoked.
 		ClaimFree: 2500 * time.Millisecond,
 		// Observe delivers every leader, in order, however slow the reader.
 		ObserveAll: true,

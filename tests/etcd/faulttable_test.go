@@ -425,7 +425,7 @@ var ftKinds = map[string]map[string]string{
 		kRelease: "release, or leave after giving up", kWatch: "watch the prefix / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
 	"election": {"Txn(if createEQ then [get,get,txn(if createEQ* then [put] else [put])] else [get])": "campaign (join)",
 		"Txn(if createEQ then [txn(if createGR* then [put] else [get,get])] else [])": "read after a wake-up, taking office",
-		"Txn(if createEQ then [put] else [])": "proclaim", kRelease: "resign, or leave after giving up",
+		"Txn(if createEQ then [put] else [])":                                         "proclaim", kRelease: "resign, or leave after giving up",
 		kWatch: "watch the predecessor / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
 	"multi": {kJoin: "queue up (join) per name", kRead: "read after a wake-up (hand off)", kRelease: "release per name, or leave after giving up",
 		kTake: "take (TryLock) per name", kWatch: "watch the predecessors / the grants", kKeepAlive: "renew", kRevoke: "close the sessions"},

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
+)
+
+// shell is an interactive bash on a pseudo-terminal, as a user's: holdfast
+// typed at its prompt runs as a job in the terminal's foreground.
+type shell struct {
+	master *os.File
+	out    syncBuffer
+	cmd    *exec.Cmd
+}
+
+// startShell starts bash -i in a new session whose controlling terminal
+// is a new pseudo-terminal, with holdfast on its PATH.
+func startShell(t *testing.T) *shell {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := &shell{master: m}
+	sh.cmd = exec.Command("bash", "--norc", "--noprofile", "-i")
+	sh.cmd.Stdin, sh.cmd.Stdout, sh.cmd.Stderr = s, s, s
+	sh.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	sh.cmd.Env = append(os.Environ(), "PS1=$ ", "TERM=dumb", "PATH="+filepath.Dir(holdfastBin(t))+":"+os.Getenv("PATH"),
+		"HOLDFAST_BACKEND=", "HOLDFAST_ENDPOINTS=", "ETCDCTL_ENDPOINTS=", "CONSUL_HTTP_ADDR=")
+	if err := sh.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	copied := make(chan struct{})
+	go func() { defer close(copied); _, _ = io.Copy(&sh.out, m) }()
+	t.Cleanup(func() {
+		_ = sh.cmd.Process.Kill()
+		_ = sh.cmd.Wait()
+		m.Close()
+		<-copied
+	})
+	sh.expect(t, "$ ", 1)
+	return sh
+}
+
+// typ types s at the terminal.
+func (sh *shell) typ(t *testing.T, s string) {
+	t.Helper()
+	if _, err := sh.master.WriteString(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expect waits until the terminal has shown s n times.
+func (sh *shell) expect(t *testing.T, s string, n int) {
+	t.Helper()
+	eventually(t, 15*time.Second, fmt.Sprintf("the terminal did not show %q %d times; it shows:\n%s", s, n, sh.out.String()), func() bool {
+		return strings.Count(sh.out.String(), s) >= n
+	})
+}
+
+// procState is the state letter of pid in /proc (R, S, T...), or "" if
+// it is gone.
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
+
+// parentOf is pid's parent's pid.
+func parentOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// cmdPids waits for the command to write its pid to path and returns it
+// and holdfast's, both killed at the end of the test.
+func cmdPids(t *testing.T, path string) (cmd, holdfast int) {
+	t.Helper()
+	eventually(t, 20*time.Second, "the command did not start", func() bool {
+		b, err := os.ReadFile(path)
+		cmd, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && cmd > 0
+	})
+	holdfast = parentOf(t, cmd)
+	t.Cleanup(func() {
+		_ = syscall.Kill(holdfast, syscall.SIGKILL)
+		_ = syscall.Kill(-cmd, syscall.SIGKILL)
+	})
+	return cmd, holdfast
+}
+
+// TestTerminalRead: holdfast run from an interactive shell gives CMD the
+// terminal: CMD reads the line typed, and Ctrl-C ends it, holdfast
+// releasing the lock and exiting with CMD's status (130). Before, CMD's
+// read stopped it (SIGTTIN: not the terminal's foreground group) holding
+// the lock for ever, and Ctrl-C reached holdfast only.
+func TestTerminalRead(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	c := e.Client(t)
+	sh := startShell(t)
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s tty/read -- sh -c 'echo $$ > "$1"; read x; echo "got:$x"; sleep 30' sh %s`+"\n", e.Endpoints()[0], pidfile))
+	_, hf := cmdPids(t, pidfile)
+	if keys := keysUnder(t, c, "tty/read/"); len(keys) != 1 {
+		t.Fatalf("keys %v, want the holder's", keys)
+	}
+	sh.typ(t, "hello\n")
+	sh.expect(t, "got:hello", 1)
+	sh.typ(t, "\x03")
+	eventually(t, 5*time.Second, "holdfast runs on after Ctrl-C", func() bool { return !running(hf) })
+	if keys := keysUnder(t, c, "tty/read/"); len(keys) != 0 {
+		t.Errorf("keys %v left after Ctrl-C, want the lock released", keys)
+	}
+	sh.typ(t, `echo "rc=$?"`+"\n")
+	sh.expect(t, "rc=130", 1)
+}
+
+// TestTerminalJobControl: Ctrl-Z stops CMD and holdfast as one job; fg
+// resumes both while the grant lasts. Stopped for longer than the TTL,
+// CMD is killed by the guard before the grant's deadline, and fg reports
+// the loss (122).
+func TestTerminalJobControl(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	c := e.Client(t)
+	sh := startShell(t)
+	dir := t.TempDir()
+	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
+	const ttl = 2 * time.Second
+	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s --ttl %v tty/job -- sh -c 'echo $$ > "$1"; %s' sh %s`+"\n", e.Endpoints()[0], ttl, strings.ReplaceAll(heartbeat, "$1", beats), pidfile))
+	cmd, hf := cmdPids(t, pidfile)
+	count := func() int { _, n := lastStamp(t, beats); return n }
+	eventually(t, 5*time.Second, "no heartbeat", func() bool { return count() > 0 })
+
+	sh.typ(t, "\x1a")
+	sh.expect(t, "Stopped", 1)
+	eventually(t, 2*time.Second, "Ctrl-Z did not stop both holdfast and CMD", func() bool { return procState(hf) == "T" && procState(cmd) == "T" })
+	n := count()
+	time.Sleep(300 * time.Millisecond)
+	if count() != n {
+		t.Error("CMD wrote while stopped")
+	}
+	sh.typ(t, "fg\n")
+	eventually(t, 2*time.Second, "fg did not resume CMD", func() bool { return count() > n+2 })
+	if procState(hf) == "T" || len(keysUnder(t, c, "tty/job/")) != 1 {
+		t.Fatalf("after fg: holdfast %s, keys %v: want it running, holding the lock", procState(hf), keysUnder(t, c, "tty/job/"))
+	}
+
+	sh.typ(t, "\x1a")
+	sh.expect(t, "Stopped", 2)
+	stopped := time.Now()
+	eventually(t, 2*ttl, "CMD still there a TTL after Ctrl-Z", func() bool { return !running(cmd) })
+	t.Logf("stopped by Ctrl-Z; CMD killed by the guard %v later (TTL %v)", time.Since(stopped).Round(time.Millisecond), ttl)
+	time.Sleep(ttl)
+	sh.typ(t, "fg\n")
+	sh.expect(t, "lost the lock", 1)
+	eventually(t, 5*time.Second, "holdfast runs on after fg", func() bool { return !running(hf) })
+	sh.typ(t, `echo "rc=$?"`+"\n")
+	sh.expect(t, "rc=122", 1)
+	if last, _ := lastStamp(t, beats); last.After(stopped) {
+		t.Errorf("CMD wrote %v after Ctrl-Z", last.Sub(stopped))
+	}
+}

@@ -1,0 +1,192 @@
+package consul
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// liveBound is how long a live waiter may still wait once the lock is free
+// in Consul, when no session ended (issue 25's liveness bound).
+const liveBound = time.Second
+
+// faultClient returns a client of a whose requests go through a new
+// FaultTransport, closed with the test.
+func faultClient(t testing.TB, a *embedtest.ConsulAgent) (*api.Client, *embedtest.FaultTransport) {
+	t.Helper()
+	ft := &embedtest.FaultTransport{}
+	t.Cleanup(ft.Close)
+	c, err := a.NewClient(func(cfg *api.Config) { cfg.HttpClient = &http.Client{Transport: ft} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ft
+}
+
+// deletesKey matches the transactions that delete key itself (delete or
+// delete-tree of exactly key).
+func deletesKey(key string) embedtest.FaultMatch {
+	return func(method, path string, body []byte) bool {
+		if path != "/v1/txn" {
+			return false
+		}
+		for _, op := range embedtest.TxnOps(body) {
+			if op.Key == key && (op.Verb == string(api.KVDelete) || op.Verb == string(api.KVDeleteTree)) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// linked waits until w's link under p's entry is in Consul.
+func linked(t *testing.T, c *api.Client, p, w *Mutex) {
+	t.Helper()
+	link := p.queueKey + nextInfix + w.s.ID()
+	waitFor(t, 5*time.Second, "w linked behind p", func() bool { return slices.Contains(keys(t, c, p.name), link) })
+}
+
+// TestLeaveLostWakeup (issue 25, defect 1): P waits at the head behind a
+// native api.Lock holder, W is linked behind P; P leaves (its Lock is
+// cancelled, or its Unlock finds the lock key deleted) and one request of
+// its leave is faulted: the wake-up of W refused, or the read-and-delete of
+// P's entry applied with its answer lost. Once the lock is free, W is
+// granted within a second. Before the fix, the leave's retry found P's
+// subtree gone and woke nobody: W still waited 5 s later (until P's session
+// ended).
+func TestLeaveLostWakeup(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	cases := []struct {
+		name   string
+		mode   embedtest.FaultMode
+		wake   bool // fault the wake-up (else the first step of the leave)
+		unlock bool // P holds and its Unlock finds the key gone (else P waits and is cancelled)
+	}{
+		{"cancel/wake-refused", embedtest.FaultRefuse, true, false},
+		{"cancel/leave-answer-lost", embedtest.FaultLoseAnswer, false, false},
+		{"unlock-key-gone/wake-refused", embedtest.FaultRefuse, true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			name := uniqueName(t)
+			pc, ft := faultClient(t, a)
+			p := newMutex(t, newSession(t, pc, WithLockDelay(0)), name)
+			w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+			pctx, cancelP := context.WithCancel(context.Background())
+			defer cancelP()
+			var pg *Grant
+			var release func()
+			if tc.unlock {
+				var err error
+				if pg, err = p.Lock(timeout(t, 5*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				release = foreignHolder(t, admin, name)
+				queueUp(t, admin, p, pctx)
+			}
+			wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
+			linked(t, admin, p, w)
+			match := deletesKey(p.queueKey)
+			if tc.wake {
+				match = embedtest.TxnHas(string(api.KVDelete), w.queueKey+prevInfix+p.s.ID())
+			}
+			f := ft.Inject(match, 1, tc.mode)
+			freed := time.Now()
+			if tc.unlock {
+				if _, err := admin.KV().Delete(LockKey(name), nil); err != nil {
+					t.Fatal(err)
+				}
+				_ = pg.Unlock(timeout(t, 5*time.Second))
+			} else {
+				cancelP()
+			}
+			select {
+			case <-f.Fired():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the fault did not fire: the test proves nothing")
+			}
+			<-f.Done()
+			time.Sleep(100 * time.Millisecond) // the leave's retries
+			if release != nil {
+				release()
+				freed = time.Now()
+			}
+			select {
+			case r := <-wres:
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				t.Logf("W granted %v after the lock was free", time.Since(freed))
+				_ = r.g.Unlock(timeout(t, 5*time.Second))
+			case <-time.After(5 * time.Second):
+				t.Fatalf("W still waits %v after the lock was free (keys %v)", time.Since(freed), keys(t, admin, name))
+			}
+			if d := time.Since(freed); d > liveBound {
+				t.Errorf("W granted %v after the lock was free, want within %v", d, liveBound)
+			}
+		})
+	}
+}
+
+// TestLateQueueUp (issue 25, defect 2): H holds; S's Lock has a 1 s
+// context and its queue-up reaches Consul only after the Lock gave up and
+// its cleanup ran. W queues behind, H unlocks: W is granted within 1.5 s
+// (the session sweeps S's late entry 250 ms after the cleanup, then again
+// later), and once W unlocks nothing is left under the name. Before the
+// fix, H handed the lock to S's late entry: the lock key stayed with S's
+// live session, and W still waited 5 s later (until S's session ended).
+func TestLateQueueUp(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	sc, ft := faultClient(t, a)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	hg, err := h.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ft.Inject(embedtest.TxnHas(string(api.KVSet), s.tailKey), 1, embedtest.FaultLate)
+	f.Late = 100 * time.Millisecond
+	if g, err := s.Lock(timeout(t, time.Second)); err == nil {
+		_ = g.Unlock(timeout(t, 5*time.Second))
+		t.Fatal("S's Lock succeeded: its queue-up was held")
+	}
+	<-f.Done()
+	if !slices.Contains(keys(t, admin, name), s.queueKey) {
+		t.Fatal("S's late queue-up left no entry: the test proves nothing")
+	}
+	wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
+	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	select {
+	case r := <-wres:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("W granted %v after H's Unlock", time.Since(freed))
+		if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("W still waits %v after H's Unlock (lock key %+v, keys %v)", time.Since(freed), lockKeyNow(t, admin, name), keys(t, admin, name))
+	}
+	if d := time.Since(freed); d > 1500*time.Millisecond {
+		t.Errorf("W granted %v after H's Unlock, want within 1.5 s", d)
+	}
+	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}

@@ -190,3 +190,33 @@ func TestLateQueueUp(t *testing.T) {
 	}
 	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
 }
+
+// TestRefusedRetried (issue 25, defect 8): what Consul refuses without
+// applying it (a 500 "Missing node registration" for a moment after an
+// agent starts, "No cluster leader" during an election) is sent again:
+// NewSession and a Lock whose first request is refused succeed. Before the
+// fix, NewSession failed with the refusal (a CI run of TestStatusConsul).
+func TestRefusedRetried(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c, ft := faultClient(t, a)
+	f := ft.Inject(func(method, path string, _ []byte) bool { return path == "/v1/session/create" }, 1, embedtest.FaultRefuse)
+	f.Refusal = "apply failed: Missing node registration"
+	s := newSession(t, c, WithLockDelay(0))
+	select {
+	case <-f.Fired():
+	default:
+		t.Fatal("the session's creation was not refused: the test proves nothing")
+	}
+	m := newMutex(t, s, uniqueName(t))
+	f = ft.Inject(embedtest.TxnHas("", m.lockKey), 1, embedtest.FaultRefuse)
+	f.Refusal = "No cluster leader"
+	g, err := m.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Lock with its first transaction refused: %v", err)
+	}
+	<-f.Fired()
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}

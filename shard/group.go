@@ -139,7 +139,7 @@ func New[G holdfast.Grant](s *Store[G], name string, cfg Config) (*Group[G], err
 	case cfg.Names == nil && cfg.Shards < 1:
 		errs = append(errs, fmt.Errorf("Shards %d: a group needs at least 1 shard", cfg.Shards))
 	case cfg.Names != nil && len(cfg.Names) == 0:
-		errs = append(errs, errors.New("Names is empty: a group needs at least 1 shard"))
+		errs = append(errs, errors.New("empty Names: a group needs at least 1 shard"))
 	case cfg.Names != nil && cfg.Shards != 0 && cfg.Shards != len(cfg.Names):
 		errs = append(errs, fmt.Errorf("Shards %d but %d Names", cfg.Shards, len(cfg.Names)))
 	}
@@ -453,13 +453,14 @@ func (g *Group[G]) hold(ctx context.Context, s Shard, gr G, work func(context.Co
 	g.mu.Lock()
 	delete(g.owned, s.Index)
 	g.mu.Unlock()
-	if gr.Context().Err() == nil {
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		_ = gr.Unlock(uctx) // the session goes on releasing it otherwise
-		ucancel()
-	} else if lost := context.Cause(gr.Context()); lost != nil && !errors.Is(lost, holdfast.ErrReleased) {
+	if lost := context.Cause(gr.Context()); lost != nil && !errors.Is(lost, holdfast.ErrReleased) {
 		cause = lost
 	}
+	// Unlock even a grant seen as lost: past its safe deadline, the key
+	// may still be the session's in the store.
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	_ = gr.Unlock(uctx) // the session goes on releasing it otherwise
+	ucancel()
 	if cause == nil {
 		cause = holdfast.ErrReleased
 	}

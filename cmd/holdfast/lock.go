@@ -241,13 +241,14 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	defer signal.Stop(sigs)
 
 	var s *session
+	var err error
 	defer func() {
+		var ee exitError
 		if s != nil {
-			s.Close()
+			closeSession(s, errors.As(err, &ee) && ee.code == exitLost)
 		}
 	}()
 	var got os.Signal
-	var err error
 	actx, cancelAttempt := ctx, context.CancelFunc(func() {})
 	if r.bound > 0 {
 		actx, cancelAttempt = context.WithTimeoutCause(ctx, r.bound, errTimeout)
@@ -256,7 +257,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	timedOut := func() bool { return errors.Is(context.Cause(actx), errTimeout) && ctx.Err() == nil }
 	for err == nil {
 		if s != nil && s.Err() != nil { // lost with the grant: a new one
-			s.Close()
+			closeSession(s, true)
 			s = nil
 		}
 		if s == nil {
@@ -293,10 +294,15 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			}
 		}
 		actx = ctx // a later round (elect --loop) is not bounded
+		if !r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
+			// A waiter holds nothing: its session ended (the store did
+			// not acknowledge its renewals in time), not a grant.
+			err = exitError{exitFailed, explainf(err, "%s: stopped waiting: %s did not acknowledge the session's renewals in time, so it expired before it was granted (nothing was held)", name, sf.describe())}
+		}
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens
 			// a new one (after a pause, should the store refuse at once).
-			s.Close()
+			closeSession(s, true)
 			s, err = nil, nil
 			time.Sleep(100 * time.Millisecond)
 			continue
@@ -537,6 +543,29 @@ wait:
 	}
 	guard.standDown()
 	return werr, lostCause, nil
+}
+
+// lostCloseTimeout bounds the close of a session after a loss: the store
+// may be silent (frozen, cut off), and what the close would remove it
+// expires anyway, with the session's TTL.
+const lostCloseTimeout = 500 * time.Millisecond
+
+// closeSession closes s; after a loss (lost, or s itself ended) it waits
+// at most lostCloseTimeout for the store, leaving the rest to the store's
+// expiry.
+func closeSession(s *session, lost bool) {
+	if !lost && s.Err() == nil {
+		s.Close()
+		return
+	}
+	closed := make(chan struct{})
+	go func() { defer close(closed); s.Close() }()
+	t := time.NewTimer(lostCloseTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+	}
 }
 
 // releaseTimeout bounds the release after the command exits; if the store

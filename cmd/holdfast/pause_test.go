@@ -125,3 +125,65 @@ func pausedHolder(t *testing.T, c pauseCase) {
 		t.Errorf("the paused holder exited %d, want %d, with the guard's message; stderr: %s", code, exitLost, p.stderr.String())
 	}
 }
+
+// TestFrozenStoreExit: the store freezes (a proxy stops passing bytes)
+// while CMD runs: the grant is lost, CMD is stopped, and holdfast exits
+// 122 within --kill-grace + 1 s of CMD's end, leaving the release to the
+// store's expiry, on both stores; a waiter's session expires too, and it
+// exits 125 saying so (it never held anything). Before, holdfast waited for the store
+// (its session's close) 2 s (etcd) and 10 s (Consul) after CMD's end, and
+// the waiter said "grant lost".
+func TestFrozenStoreExit(t *testing.T) {
+	etcd := etcdtest.Etcd(t)
+	consul := embedtest.Consul(t)
+	const grace = time.Second
+	cases := []struct {
+		name, target string
+		flags        func(addr string) []string
+	}{
+		{"etcd", strings.TrimPrefix(etcd.Endpoints()[0], "http://"), func(addr string) []string {
+			return []string{"--endpoints", "http://" + addr, "--ttl", "2s"}
+		}},
+		{"consul", consul.HTTPAddr, func(addr string) []string {
+			return []string{"--backend", "consul", "--addr", addr, "--ttl", "10s", "--lock-delay", "0"}
+		}},
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, c := range cases {
+		wg.Go(func() {
+			t.Run(c.name, func(t *testing.T) {
+				proxy := embedtest.StartProxy(t, c.target)
+				beats := filepath.Join(t.TempDir(), "beats")
+				args := append([]string{"lock", "--kill-grace", grace.String()}, c.flags(proxy.Addr())...)
+				p := start(t, append(args, "frozen/"+c.name, "--", "sh", "-c", heartbeat, "sh", beats)...)
+				eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
+				w := start(t, append(args, "-v", "frozen/"+c.name, "--", "true")...)
+				eventually(t, 10*time.Second, "the waiter does not wait", func() bool { return strings.Contains(w.stderr.String(), "waiting") })
+				proxy.Pause()
+				frozen := time.Now()
+				t.Cleanup(proxy.Mend)
+				var exited time.Time
+				select {
+				case <-p.done:
+					exited = time.Now()
+				case <-time.After(30 * time.Second):
+					t.Fatalf("holdfast still runs 30 s after the store froze; stderr: %s", p.stderr.String())
+				}
+				last, _ := lastStamp(t, beats)
+				t.Logf("store frozen at 0: CMD's last write %v, holdfast exited %v (%v after CMD's end)", last.Sub(frozen).Round(time.Millisecond), exited.Sub(frozen).Round(time.Millisecond), exited.Sub(last).Round(time.Millisecond))
+				if p.code != exitLost {
+					t.Errorf("exit %d, want %d; stderr: %s", p.code, exitLost, p.stderr.String())
+				}
+				if d := exited.Sub(last); d > grace+time.Second {
+					t.Errorf("holdfast exited %v after CMD's last write, want within --kill-grace + 1 s (%v)", d, grace+time.Second)
+				}
+				code := w.wait(t, 20*time.Second)
+				t.Logf("the waiter exited %v after the freeze: %d, %q", w.took-frozen.Sub(w.began), code, w.stderr.String())
+				if msg := w.stderr.String(); code != exitFailed || strings.Contains(msg, "lost") || !strings.Contains(msg, "before it was granted") {
+					t.Errorf("the waiter exited %d, want %d saying the store let the session expire before it was granted; stderr: %s", code, exitFailed, msg)
+				}
+			})
+		})
+	}
+}

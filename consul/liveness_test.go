@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
 )
 
@@ -218,5 +220,69 @@ func TestRefusedRetried(t *testing.T) {
 	<-f.Fired()
 	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDeadKeysUnderName (issue 25, defect 7): keys under NAME/ that are
+// nobody's live lock (a plain data key, the contender key of an
+// api.Semaphore whose session ended) do not refuse a Mutex on NAME, and
+// are left alone; a key held by a live session does (ErrConflict). Before
+// the fix, Lock and TryLock failed at once with ErrConflict.
+func TestDeadKeysUnderName(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	if _, err := admin.KV().Put(&api.KVPair{Key: name + "/config", Value: []byte("x")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dead, _, err := admin.Session().Create(&api.SessionEntry{TTL: "10s", Checks: []string{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := admin.KV().Acquire(&api.KVPair{Key: name + "/" + dead, Flags: api.SemaphoreFlagValue, Session: dead}, nil); err != nil || !ok {
+		t.Fatalf("semaphore contender key: %v, %v", ok, err)
+	}
+	destroy(t, admin, dead)
+	before := keys(t, admin, name)
+	s := newSession(t, a.Client(t), WithLockDelay(0))
+	for _, try := range []bool{false, true} {
+		m := newMutex(t, s, name)
+		var g *Grant
+		if try {
+			g, err = m.TryLock(ctx)
+		} else {
+			g, err = m.Lock(ctx)
+		}
+		if err != nil {
+			t.Fatalf("try=%v with only dead keys under the name: %v", try, err)
+		}
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := keys(t, admin, name); !slices.Equal(before, after) {
+		t.Errorf("keys under the name: %q, want %q (left alone)", after, before)
+	}
+	// A live key under the name still refuses it.
+	live, _, err := admin.Session().Create(&api.SessionEntry{TTL: "10s", Checks: []string{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroy(t, admin, live)
+	if ok, _, err := admin.KV().Acquire(&api.KVPair{Key: name + "/held", Session: live}, nil); err != nil || !ok {
+		t.Fatalf("live key: %v, %v", ok, err)
+	}
+	for _, try := range []bool{false, true} {
+		m := newMutex(t, s, name)
+		if try {
+			_, err = m.TryLock(ctx)
+		} else {
+			_, err = m.Lock(ctx)
+		}
+		if !errors.Is(err, holdfast.ErrConflict) {
+			t.Errorf("try=%v with a live key under the name: %v, want ErrConflict", try, err)
+		}
 	}
 }

@@ -15,7 +15,10 @@ import (
 // "<name>/.claim" (held by no session, the period as its value); Claim.Txn
 // applies while the claim is held, refuses ops on the claim's key, and once
 // the key was deleted from outside (which the claim does not watch) or the
-// claim released, applies nothing and returns ErrNotHeld.
+// claim released, applies nothing and returns ErrNotHeld. A claim of a
+// period that is over is refused with ErrPeriodOver, one of the same period
+// after the run with ErrClaimed (the record); nothing but the record is
+// left, and no claim session.
 func TestClaimGuardedTxn(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
@@ -28,6 +31,9 @@ func TestClaimGuardedTxn(t *testing.T) {
 	o, err := NewOnce(s, name, holdfast.Schedule{Every: time.Hour, AtMost: 2 * MinTTL})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g, err := o.ClaimPeriod(ctx, o.Schedule().Period(time.Now()).Add(-time.Hour)); !errors.Is(err, holdfast.ErrPeriodOver) || !errors.Is(err, holdfast.ErrClaimed) {
+		t.Fatalf("a claim of the last period, over: %v %v, want ErrPeriodOver (and ErrClaimed)", g, err)
 	}
 	cl, err := o.Claim(ctx)
 	if err != nil {

@@ -19,7 +19,8 @@ import (
 // commits while the claim is held, refuses ops on the claim's keys, and
 // once the mark was deleted from outside (which the claim does not watch)
 // or the claim released, applies nothing and returns ErrNotHeld. A claim
-// of the same period after the run is refused (the record); after Unlock
+// of a period that is over is refused with ErrPeriodOver; one of the same
+// period after the run is refused (the record); after Unlock
 // and a refused claim, the record is the one key left, and no lease.
 func TestClaimGuardedTxn(t *testing.T) {
 	c := etcdtest.Etcd(t)
@@ -30,6 +31,9 @@ func TestClaimGuardedTxn(t *testing.T) {
 	o, err := etcd.NewOnce(s, "jobs/claimed", sched)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g, err := o.ClaimPeriod(ctx, sched.Period(time.Now()).Add(-sched.Every)); !errors.Is(err, holdfast.ErrPeriodOver) || !errors.Is(err, holdfast.ErrClaimed) {
+		t.Fatalf("a claim of the last period, over: %v %v, want ErrPeriodOver (and ErrClaimed)", g, err)
 	}
 	cl, err := o.Claim(ctx)
 	if err != nil {

@@ -95,9 +95,20 @@ With -v holdfast says on stderr where it waits, the token it got and that
 it released; --metrics-addr serves Prometheus metrics and --log text|json
 logs the session's events, for long runs.
 
-If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
-process started beside CMD (and on Linux CMD by the kernel), so CMD does not
-outlive the grant; see the README for what remains.
+With its stdin a terminal and holdfast in its foreground, CMD's group gets
+the terminal: CMD reads it, and Ctrl-C reaches CMD (holdfast then releases
+the lock and exits with CMD's status). Ctrl-Z stops CMD and holdfast as one
+job (so does SIGTSTP to holdfast); fg resumes both, unless the grant expired
+meanwhile: CMD was then killed before its deadline and holdfast exits 122.
+
+CMD does not outlive the grant when holdfast cannot act. A guard process
+started beside CMD knows the grant's deadline (holdfast tells it at every
+renewal): if holdfast is stopped (SIGSTOP, a debugger), the guard sends
+CMD's group SIGTERM --kill-grace before the deadline (at once if that is
+past) and SIGKILL just before it; if holdfast dies (kill -9), SIGKILL at
+once (on Linux the kernel also kills CMD). After a loss, holdfast waits at
+most 0.5 s for a silent store, whose expiry releases the rest. See the
+README for what remains.
 
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
@@ -109,8 +120,10 @@ Exit status:
   124             not acquired: --timeout elapsed while waiting, or --try
                   found it held
   125             holdfast failed once it went to the store: unreachable or
-                  silent within --timeout (or --try's bound), refused
-                  (permission, another kind of lock, a limit mismatch)
+                  silent within --timeout (or --try's bound, or while
+                  waiting, for long enough that the session expired),
+                  refused (permission, another kind of lock, a limit
+                  mismatch)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,

@@ -46,6 +46,8 @@ type pauseCase struct {
 	// holder and of the next one; other, if not nil, of a holder of what
 	// the paused one does not take (the other permit).
 	holder, next, other []string
+	// trapTerm: CMD ignores SIGTERM, so the guard's SIGKILL must stop it.
+	trapTerm bool
 }
 
 func pauseCases(t *testing.T) []pauseCase {
@@ -65,7 +67,7 @@ func pauseCases(t *testing.T) []pauseCase {
 		with := func(args ...string) []string { return append(args, st.flags...) }
 		n := "pause-" + st.name + "/"
 		cases = append(cases,
-			pauseCase{name: st.name + "/lock", ttl: st.ttl,
+			pauseCase{name: st.name + "/lock", ttl: st.ttl, trapTerm: true,
 				holder: with("lock", "--kill-grace", "1s", n+"lock"), next: with("lock", n+"lock")},
 			pauseCase{name: st.name + "/lock-n", ttl: st.ttl,
 				holder: with("lock", "-n", "2", "--kill-grace", "1s", n+"sem"), next: with("lock", "-n", "2", n+"sem"), other: with("lock", "-n", "2", n+"sem")},
@@ -81,10 +83,12 @@ func pauseCases(t *testing.T) []pauseCase {
 // TestPausedHolderStopsCommand: holdfast stopped (SIGSTOP) for twice the
 // TTL and 2 s while its CMD writes a heartbeat: the guard stops CMD before the
 // grant's deadline, so CMD's last write comes before the next holder's
-// grant, on lock, lock -n, lock --and and elect, on both stores. Before
+// grant, on lock, lock -n, lock --and and elect, on both stores (with
+// lock, CMD ignores SIGTERM: the guard's SIGKILL stops it). Before
 // the guard knew the deadline, CMD wrote on for the whole pause, seconds
 // after the next holder was granted.
 func TestPausedHolderStopsCommand(t *testing.T) {
+	t.Parallel()
 	var wg sync.WaitGroup // all at once, whatever -parallel: they mostly sleep
 	defer wg.Wait()
 	for _, c := range pauseCases(t) {
@@ -99,7 +103,11 @@ func pausedHolder(t *testing.T, c pauseCase) {
 		eventually(t, 30*time.Second, "the other permit was not granted", func() bool { return strings.Contains(o.stderr.String(), "acquired") })
 	}
 	beats, granted := filepath.Join(dir, "beats"), filepath.Join(dir, "granted")
-	p := start(t, append(append(c.holder, "--"), "sh", "-c", heartbeat, "sh", beats)...)
+	script := heartbeat
+	if c.trapTerm {
+		script = `trap "" TERM; ` + heartbeat
+	}
+	p := start(t, append(append(c.holder, "--"), "sh", "-c", script, "sh", beats)...)
 	eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
 	next := start(t, append(append(c.next, "-v", "--"), "sh", "-c", `date +%s%N > "$1"`, "sh", granted)...)
 	eventually(t, 10*time.Second, "the next holder does not wait", func() bool { return strings.Contains(next.stderr.String(), "waiting") })
@@ -124,6 +132,9 @@ func pausedHolder(t *testing.T, c pauseCase) {
 	if code != exitLost || !strings.Contains(p.stderr.String(), "holdfast: guard:") {
 		t.Errorf("the paused holder exited %d, want %d, with the guard's message; stderr: %s", code, exitLost, p.stderr.String())
 	}
+	if c.trapTerm && !(strings.Contains(p.stderr.String(), "SIGTERM to the command's process group") && strings.Contains(p.stderr.String(), "SIGKILL to the command's process group")) {
+		t.Errorf("CMD ignores SIGTERM: want the guard's SIGTERM, then its SIGKILL; stderr: %s", p.stderr.String())
+	}
 }
 
 // TestFrozenStoreExit: the store freezes (a proxy stops passing bytes)
@@ -134,6 +145,7 @@ func pausedHolder(t *testing.T, c pauseCase) {
 // (its session's close) 2 s (etcd) and 10 s (Consul) after CMD's end, and
 // the waiter said "grant lost".
 func TestFrozenStoreExit(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Etcd(t)
 	consul := embedtest.Consul(t)
 	const grace = time.Second

@@ -236,8 +236,9 @@ func testClaimLate(s *suite) {
 		}
 	}
 	first := claimOne(cs[0], period, "first claim of the period")
+	ran := time.Now()
 	time.Sleep(sched.AtLeast + s.b.ClaimFree)
-	refused(cs[1], period, fmt.Sprintf("a claim of the same period %v after the run and AtLeast + ClaimFree", time.Since(first.Deadline())), holdfast.ErrClaimed)
+	refused(cs[1], period, fmt.Sprintf("a claim of the same period %v after the run (AtLeast %v + ClaimFree %v)", time.Since(ran).Round(time.Millisecond), sched.AtLeast, s.b.ClaimFree), holdfast.ErrClaimed)
 	next := claimOne(cs[0], period.Add(sched.Every), "a claim of the next period")
 	if next.Token() <= first.Token() {
 		s.t.Errorf("token of the next period's claim %d, want more than %d", next.Token(), first.Token())

@@ -97,7 +97,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		return nil, err
 	}
 	period = period.UTC()
-	if !time.Now().Before(period.Add(o.sched.Every)) {
+	if claimPeriodOver(period, o.sched.Every, time.Now()) {
 		return nil, o.over(period)
 	}
 	if err := o.s.alive(); err != nil {
@@ -118,7 +118,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 			o.destroyNow(ctx, id)
 			return nil, o.fail(ctx, apiError("read claim record "+o.record, err))
 		}
-		if err := o.refusedBy(period, rec); err != nil {
+		if err := claimRecordGuard(o, period, rec); err != nil {
 			o.destroyNow(ctx, id)
 			return nil, err
 		}
@@ -167,7 +167,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 			o.destroyNow(ctx, id)
 			return nil, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
 		}
-		if !got.Before(period.Add(o.sched.Every)) {
+		if claimPeriodOver(period, o.sched.Every, got) {
 			o.destroyNow(ctx, id)
 			return nil, o.over(period)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/hashicorp/consul/api"
 
@@ -32,6 +33,19 @@ func statusCode(err error) int {
 		return se.Code
 	}
 	return 0
+}
+
+// refused reports whether Consul answered that it did not apply a request:
+// HTTP 429 (rate limited), or a 500 while it has no leader or before the
+// agent's node is registered (for a moment after it starts). Sending the
+// request again is then safe.
+func refused(err error) bool {
+	var se api.StatusError
+	if !errors.As(err, &se) {
+		return false
+	}
+	return se.Code == http.StatusTooManyRequests ||
+		se.Code >= 500 && (strings.Contains(se.Body, "No cluster leader") || strings.Contains(se.Body, "Missing node registration"))
 }
 
 // txnError turns a rolled-back transaction into the error a caller gets: one

@@ -2,7 +2,11 @@
 
 package consul
 
-import "github.com/hashicorp/consul/api"
+import (
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
 
 // The guards of the Consul backend (docs/GUARDS.md), as the algorithms use
 // them. The build with the tag holdfast_mutants can remove each one (see
@@ -67,3 +71,16 @@ func keyCheck() bool { return true }
 // sessionWatch says that the session follows itself with a blocking query
 // (guard consul/session-watch).
 func sessionWatch() bool { return true }
+
+// claimRecordGuard returns the error of a claim of period that the record
+// rec refuses (it holds this period or a later one), or nil (guard
+// consul/claim-record; the cas on rec's index then makes it hold).
+func claimRecordGuard(o *Once, period time.Time, rec *api.KVPair) error {
+	return o.refusedBy(period, rec)
+}
+
+// claimPeriodOver reports whether a claim of period, made at now, came
+// after the period's end: it must not run (guard consul/claim-period-over).
+func claimPeriodOver(period time.Time, every time.Duration, now time.Time) bool {
+	return !now.Before(period.Add(every))
+}

@@ -3,6 +3,8 @@
 package consul
 
 import (
+	"time"
+
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast/internal/mutant"
@@ -76,3 +78,17 @@ func prunable(live map[string]bool, h string) bool {
 func keyCheck() bool { return !mutant.On("consul/key-check") }
 
 func sessionWatch() bool { return !mutant.On("consul/session-watch") }
+
+func claimRecordGuard(o *Once, period time.Time, rec *api.KVPair) error {
+	if mutant.On("consul/claim-record") {
+		return nil
+	}
+	return o.refusedBy(period, rec)
+}
+
+func claimPeriodOver(period time.Time, every time.Duration, now time.Time) bool {
+	if mutant.On("consul/claim-period-over") {
+		return false
+	}
+	return !now.Before(period.Add(every))
+}

@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
 )
 
@@ -189,4 +191,98 @@ func TestLateQueueUp(t *testing.T) {
 		t.Errorf("W granted %v after H's Unlock, want within 1.5 s", d)
 	}
 	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}
+
+// TestRefusedRetried (issue 25, defect 8): what Consul refuses without
+// applying it (a 500 "Missing node registration" for a moment after an
+// agent starts, "No cluster leader" during an election) is sent again:
+// NewSession and a Lock whose first request is refused succeed. Before the
+// fix, NewSession failed with the refusal (a CI run of TestStatusConsul).
+func TestRefusedRetried(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c, ft := faultClient(t, a)
+	f := ft.Inject(func(method, path string, _ []byte) bool { return path == "/v1/session/create" }, 1, embedtest.FaultRefuse)
+	f.Refusal = "apply failed: Missing node registration"
+	s := newSession(t, c, WithLockDelay(0))
+	select {
+	case <-f.Fired():
+	default:
+		t.Fatal("the session's creation was not refused: the test proves nothing")
+	}
+	m := newMutex(t, s, uniqueName(t))
+	f = ft.Inject(embedtest.TxnHas("", m.lockKey), 1, embedtest.FaultRefuse)
+	f.Refusal = "No cluster leader"
+	g, err := m.Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Lock with its first transaction refused: %v", err)
+	}
+	<-f.Fired()
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDeadKeysUnderName (issue 25, defect 7): keys under NAME/ that are
+// nobody's live lock (a plain data key, the contender key of an
+// api.Semaphore whose session ended) do not refuse a Mutex on NAME, and
+// are left alone; a key held by a live session does (ErrConflict). Before
+// the fix, Lock and TryLock failed at once with ErrConflict.
+func TestDeadKeysUnderName(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 20*time.Second)
+	if _, err := admin.KV().Put(&api.KVPair{Key: name + "/config", Value: []byte("x")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dead, _, err := admin.Session().Create(&api.SessionEntry{TTL: "10s", Checks: []string{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := admin.KV().Acquire(&api.KVPair{Key: name + "/" + dead, Flags: api.SemaphoreFlagValue, Session: dead}, nil); err != nil || !ok {
+		t.Fatalf("semaphore contender key: %v, %v", ok, err)
+	}
+	destroy(t, admin, dead)
+	before := keys(t, admin, name)
+	s := newSession(t, a.Client(t), WithLockDelay(0))
+	for _, try := range []bool{false, true} {
+		m := newMutex(t, s, name)
+		var g *Grant
+		if try {
+			g, err = m.TryLock(ctx)
+		} else {
+			g, err = m.Lock(ctx)
+		}
+		if err != nil {
+			t.Fatalf("try=%v with only dead keys under the name: %v", try, err)
+		}
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := keys(t, admin, name); !slices.Equal(before, after) {
+		t.Errorf("keys under the name: %q, want %q (left alone)", after, before)
+	}
+	// A live key under the name still refuses it.
+	live, _, err := admin.Session().Create(&api.SessionEntry{TTL: "10s", Checks: []string{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroy(t, admin, live)
+	if ok, _, err := admin.KV().Acquire(&api.KVPair{Key: name + "/held", Session: live}, nil); err != nil || !ok {
+		t.Fatalf("live key: %v, %v", ok, err)
+	}
+	for _, try := range []bool{false, true} {
+		m := newMutex(t, s, name)
+		if try {
+			_, err = m.TryLock(ctx)
+		} else {
+			_, err = m.Lock(ctx)
+		}
+		if !errors.Is(err, holdfast.ErrConflict) {
+			t.Errorf("try=%v with a live key under the name: %v, want ErrConflict", try, err)
+		}
+	}
 }

@@ -40,8 +40,11 @@ func LockKey(name string) string { return name + lockSuffix }
 // no holdfast waiter queues. Consul's lock never lets two sessions hold it.
 //
 // Names nest as on etcd: a Mutex on "a" fails with holdfast.ErrConflict if
-// it finds keys of a longer name under "a/" (such as "a/b/.lock"), and
-// leaves nothing behind.
+// it finds a live lock under "a/" (a key held by a session, such as
+// "a/b/.lock" while "a/b" is held), and leaves nothing behind. Keys that no
+// session holds (plain data such as "a/config", the key of an api.Semaphore
+// contender whose session ended) are nobody's lock: they are ignored and
+// left alone.
 //
 // A Mutex belongs to one Session. Lock and TryLock may be called from many
 // goroutines: through one Session, acquisitions of the same name take turns

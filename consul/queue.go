@@ -611,8 +611,9 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 }
 
 // list returns the names right under "<name>/" (the keys with separator
-// "/": "<name>/.queue/" stands for the whole queue), and fails with
-// ErrConflict if one is not the lock's own.
+// "/": "<name>/.queue/" stands for the whole queue). If one is not the
+// lock's own, it reads the subtree, and fails with ErrConflict if a live
+// lock lies under the name (see Mutex.compatible).
 func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	m := a.m
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -623,7 +624,13 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	}
 	for _, k := range names {
 		if k != m.lockKey && k != m.tailKey && k != m.queuePrefix {
-			return nil, fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, k, m.name, m.name)
+			// Another key: a conflict only if it is a live lock (see
+			// Mutex.compatible), which a read of the subtree tells.
+			v, err := a.read(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return names, m.compatible(v)
 		}
 	}
 	return names, nil
@@ -829,8 +836,8 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 				v.holders[session] = true
 			}
 			children = append(children, e)
-		case strings.HasPrefix(e.Key, m.prefix):
-			v.other = e.Key
+		case strings.HasPrefix(e.Key, m.prefix) && e.Session != "":
+			v.other = e.Key // a live lock of a longer name, or a foreign one
 		}
 	}
 	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
@@ -879,8 +886,10 @@ func (v view) predecessor() *api.KVPair {
 func free(lock *api.KVPair) bool { return lock == nil || lock.Session == "" }
 
 // compatible returns an error wrapping holdfast.ErrConflict if the lock key
-// exists with flags other than a lock's (a semaphore's, say), or if keys of
-// a longer name lie under "<name>/".
+// exists with flags other than a lock's (a semaphore's, say), or if a live
+// lock lies under "<name>/": a key held by a session (a lock of a longer
+// name, an api.Semaphore's contender). A key held by no session (a plain
+// data key, a dead contender's) is nobody's lock: it is left alone.
 func (m *Mutex) compatible(v view) error {
 	if err := m.compatibleLock(v.lock); err != nil {
 		return err

@@ -293,7 +293,10 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 }
 
 // NewSession creates a Consul session through client and renews it until
-// Close, or until it is lost. ctx bounds only the creation. Options are
+// Close, or until it is lost. ctx bounds only the creation, which is sent
+// again while Consul answers that it did not apply it (no leader yet, or
+// the agent's node not registered yet, as for a moment after the agent
+// starts). Options are
 // checked before any request; a nil client is an error wrapping
 // holdfast.ErrInvalidArgument, and so are the options for Dial only
 // (WithToken, WithTLS, WithTLSFiles: configure the client instead); an ACL
@@ -334,8 +337,14 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var out struct{ ID string }
-	sent := time.Now()
-	if _, err := client.Raw().Write("/v1/session/create", body, &out, writeOpts(cctx)); err != nil {
+	var sent time.Time
+	var err error
+	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(cctx, func(ctx context.Context) error {
+		sent = time.Now()
+		_, err = client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
+		return err
+	})
+	if err != nil {
 		return nil, apiError("create session", err)
 	}
 	if out.ID == "" {
@@ -599,8 +608,15 @@ func (s *Session) close() error {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := s.client.Session().Destroy(s.id, writeOpts(ctx)); err != nil {
-		errs = append(errs, apiError("destroy session "+s.id, err))
+	// Destroying is idempotent: an attempt that fails (refused, or its
+	// answer lost) is sent again until closeTimeout.
+	var derr error
+	_ = core.Backoff{Attempt: core.AttemptTimeout, Final: queryRefused}.Retry(ctx, func(actx context.Context) error {
+		_, derr = s.client.Session().Destroy(s.id, writeOpts(actx))
+		return derr
+	})
+	if derr != nil {
+		errs = append(errs, apiError("destroy session "+s.id, derr))
 	}
 	if s.owned != nil {
 		s.owned.CloseIdleConnections()

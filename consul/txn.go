@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // MaxTxnOps is the most operations Consul accepts in one transaction.
@@ -17,7 +19,20 @@ const MaxTxnOps = 128
 
 // txn sends ops to /v1/txn as one transaction. When Consul rolls it back
 // (HTTP 409), the error is a *rollback and the response holds its Errors.
+// A transaction that Consul refused without applying it (see refused) is
+// sent again, with the backends' backoff, until ctx ends.
 func (s *Session) txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	var resp *api.TxnResponse
+	var err error
+	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
+		resp, err = s.txnOnce(ctx, ops)
+		return err
+	})
+	return resp, err
+}
+
+// txnOnce sends ops once (see txn).
+func (s *Session) txnOnce(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	var resp api.TxnResponse
 	_, err := s.client.Raw().Write("/v1/txn", ops, &resp, writeOpts(ctx))
 	if err == nil {

@@ -26,7 +26,7 @@ import (
 
 const (
 	// consulReadyTimeout bounds the wait for a started agent to elect itself
-	// leader and accept a KV write.
+	// leader, accept a KV write and create a session.
 	consulReadyTimeout = 30 * time.Second
 	// consulStartAttempts bounds the retries when a chosen port was taken by
 	// another process between our probe and the agent's bind.
@@ -173,8 +173,9 @@ type ConsulAgent struct {
 }
 
 // StartConsul starts `consul agent -dev` with a generated configuration in a
-// new temporary directory and waits (at most 30 s) until it has a leader and
-// accepts a KV write. The caller must call Close.
+// new temporary directory and waits (at most 30 s) until it has a leader,
+// accepts a KV write and creates a session (which it refuses for a moment
+// after it elects itself, until its node is registered). The caller must call Close.
 func StartConsul(opts ...ConsulOption) (*ConsulAgent, error) {
 	var o consulOptions
 	for _, opt := range opts {
@@ -290,8 +291,8 @@ func startConsul(bin string, o consulOptions) (*ConsulAgent, error) {
 }
 
 // waitReady waits until the agent we started (checked by node name, in case
-// another process answers on the port) reports a leader and accepts a KV
-// write.
+// another process answers on the port) reports a leader, accepts a KV
+// write and creates a session.
 func (a *ConsulAgent) waitReady() error {
 	tr := cleanhttp.DefaultTransport()
 	if a.pki != nil {
@@ -347,7 +348,16 @@ func (a *ConsulAgent) probe(hc *http.Client) error {
 	if !ok {
 		return errors.New("KV write returned false")
 	}
-	return a.request(hc, "DELETE", "/v1/kv/"+consulReadyKey, nil, nil)
+	if err := a.request(hc, "DELETE", "/v1/kv/"+consulReadyKey, nil, nil); err != nil {
+		return err
+	}
+	// A session: refused ("Missing node registration") until the agent
+	// has registered its node, a moment after it elects itself.
+	var session struct{ ID string }
+	if err := a.request(hc, "PUT", "/v1/session/create", strings.NewReader(`{"Name":"embedtest-ready","TTL":"10s","LockDelay":"0s"}`), &session); err != nil {
+		return err
+	}
+	return a.request(hc, "PUT", "/v1/session/destroy/"+session.ID, nil, nil)
 }
 
 // request does one HTTP API call with the management token (if any) and

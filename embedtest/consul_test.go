@@ -25,6 +25,17 @@ func TestConsul(t *testing.T) {
 	start := time.Now()
 	a := Consul(t)
 	t.Logf("consul start: %v (%s)", time.Since(start), a.HTTPAddr)
+	// Ready means a session can be created at once (issue 25, defect 8: an
+	// agent refuses one for a moment after it elects itself), and the
+	// readiness probe's session is gone.
+	if id, _, err := a.Client(t).Session().Create(&api.SessionEntry{TTL: "10s", Checks: []string{}}, nil); err != nil {
+		t.Fatalf("create a session right after start: %v", err)
+	} else if _, err := a.Client(t).Session().Destroy(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	if list, _, err := a.Client(t).Session().List(nil); err != nil || len(list) != 0 {
+		t.Fatalf("sessions left by the readiness probe: %v, %v", list, err)
+	}
 	if a.MgmtToken != "" {
 		t.Errorf("MgmtToken = %q without ACL", a.MgmtToken)
 	}

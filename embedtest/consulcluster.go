@@ -48,7 +48,8 @@ type consulServer struct {
 }
 
 // StartConsulCluster starts n (3 or 5) Consul servers that join each other,
-// and waits until they have elected a leader and accept a KV write. Close
+// and waits until they have elected a leader, accept a KV write and create
+// a session. Close
 // stops them and removes their directory.
 func StartConsulCluster(n int) (*ConsulCluster, error) {
 	if n < 1 {
@@ -224,7 +225,7 @@ func (c *ConsulCluster) WaitLeader(timeout time.Duration) (int, error) {
 }
 
 // waitReady waits until a leader is elected and every running server
-// accepts a KV write.
+// accepts a KV write and creates a session.
 func (c *ConsulCluster) waitReady() error {
 	deadline := time.Now().Add(consulClusterReady)
 	if _, err := c.WaitLeader(consulClusterReady); err != nil {
@@ -240,6 +241,14 @@ func (c *ConsulCluster) waitReady() error {
 		}
 		for {
 			_, err := cli.KV().Put(&api.KVPair{Key: "embedtest/ready", Value: []byte(strconv.Itoa(i))}, nil)
+			if err == nil {
+				// A session too: refused until the server's node is
+				// registered, a moment after it has a leader.
+				var id string
+				if id, _, err = cli.Session().Create(&api.SessionEntry{Name: "embedtest-ready", TTL: "10s", Checks: []string{}}, nil); err == nil {
+					_, err = cli.Session().Destroy(id, nil)
+				}
+			}
 			if err == nil {
 				break
 			}

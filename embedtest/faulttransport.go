@@ -2,6 +2,7 @@ package embedtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,8 +64,11 @@ type Fault struct {
 	nth   int // the matching request to fault, counted from 1
 	mode  FaultMode
 	// Late is how long a FaultLate request waits after its caller's context
-	// ended before it is forwarded (set it before the request comes).
-	Late time.Duration
+	// ended before it is forwarded, and Refusal the body of a FaultRefuse
+	// answer ("" for a generic one; "No cluster leader", say, for one that
+	// Consul sends): set them before the request comes.
+	Late    time.Duration
+	Refusal string
 
 	seen  int           // matching requests so far (under the transport's mu)
 	fired chan struct{} // closed when the fault hit a request
@@ -195,7 +199,7 @@ func (t *FaultTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return &http.Response{
 			Status: "500 Internal Server Error", StatusCode: http.StatusInternalServerError,
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{},
-			Body:    io.NopCloser(strings.NewReader(ErrFaultInjected.Error() + ": refused before applied")),
+			Body:    io.NopCloser(strings.NewReader(cmp.Or(f.Refusal, ErrFaultInjected.Error()+": refused before applied"))),
 			Request: r,
 		}, nil
 	case FaultLoseAnswer:

@@ -93,7 +93,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		return nil, err
 	}
 	period = period.UTC()
-	if over := period.Add(o.sched.Every); !time.Now().Before(over) {
+	if claimPeriodOver(period, o.sched.Every, time.Now()) {
 		return nil, o.over(period)
 	}
 	if err := o.s.alive(); err != nil {
@@ -119,7 +119,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		If(clientv3.Compare(clientv3.CreateRevision(o.record), "=", 0), noRun).
 		Then(write...).
 		Else(clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(o.record), "<", p), noRun},
+			append(claimRecordGuard(o.record, p), noRun),
 			write,
 			[]clientv3.Op{clientv3.OpGet(o.record), clientv3.OpGet(o.run)})).
 		Commit()
@@ -136,7 +136,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 			return nil, o.refused(period, first(inner.GetResponses()[0]), first(inner.GetResponses()[1]))
 		}
 	}
-	if !got.Before(period.Add(o.sched.Every)) {
+	if claimPeriodOver(period, o.sched.Every, got) {
 		o.revoke(ctx, lease)
 		return nil, o.over(period)
 	}

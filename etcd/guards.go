@@ -4,6 +4,7 @@ package etcd
 
 import (
 	"context"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,6 +28,19 @@ func proclaimGuard(g *Grant) []clientv3.Cmp { return []clientv3.Cmp{g.Guard()} }
 // claimGuard is the compare of Claim.Txn: the claim key carries the
 // claim's lease (guard etcd/claim-guard).
 func claimGuard(c *Claim) []clientv3.Cmp { return []clientv3.Cmp{c.Guard()} }
+
+// claimRecordGuard is the compare that lets a claim of period p (the
+// record's value format) write the record: the recorded period is older
+// (guard etcd/claim-record).
+func claimRecordGuard(record, p string) []clientv3.Cmp {
+	return []clientv3.Cmp{clientv3.Compare(clientv3.Value(record), "<", p)}
+}
+
+// claimPeriodOver reports whether a claim of period, made at now, came
+// after the period's end: it must not run (guard etcd/claim-period-over).
+func claimPeriodOver(period time.Time, every time.Duration, now time.Time) bool {
+	return !now.Before(period.Add(every))
+}
 
 // multiPartGuard is part p's compare in MultiGrant.Txn (guard
 // etcd/multi-txn-guard).

@@ -5,6 +5,7 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,6 +43,20 @@ func claimGuard(c *Claim) []clientv3.Cmp {
 		return nil
 	}
 	return []clientv3.Cmp{c.Guard()}
+}
+
+func claimRecordGuard(record, p string) []clientv3.Cmp {
+	if mutant.On("etcd/claim-record") {
+		return nil
+	}
+	return []clientv3.Cmp{clientv3.Compare(clientv3.Value(record), "<", p)}
+}
+
+func claimPeriodOver(period time.Time, every time.Duration, now time.Time) bool {
+	if mutant.On("etcd/claim-period-over") {
+		return false
+	}
+	return !now.Before(period.Add(every))
 }
 
 func multiPartGuard(p *Grant, last bool) []clientv3.Cmp {

@@ -85,6 +85,15 @@ func WithObserver(o holdfast.Observer) SessionOption {
 // (Warn), and the session's end (Info when closed, Warn when lost), each
 // with the attributes store=etcd and lease=<lease ID in hex>. Without it,
 // holdfast logs nothing.
+//
+// With a logger, the session also asks each endpoint for its server version
+// once, in the background, and logs a warning (Warn, "etcd server revokes
+// leases early") for a version known to let a leader that was paused or
+// cut off revoke leases it believes expired after it resumes (etcd issues
+// #15247 and #12528, fixed by #16822 in 3.4.31, 3.5.13 and 3.6.0): on such a
+// server, another client may be granted a lock a few milliseconds before
+// the holder's grant context ends, so only fencing keeps the resource
+// safe (see the README's guarantees).
 func WithLogger(l *slog.Logger) SessionOption {
 	return func(c *sessionConfig) {
 		if l != nil {
@@ -244,11 +253,50 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 	}
 	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
+	if cfg.logger != nil {
+		s.bg.Go(s.warnEarlyRevoke)
+	}
 	s.watcher = newWatcher(s)
 	var rctx context.Context
 	rctx, s.stop = context.WithCancel(context.Background())
 	go s.renew(rctx)
 	return s, nil
+}
+
+// warnEarlyRevoke asks each endpoint for its version (each request bounded
+// by 5 s) and logs a warning for a version that revokes leases early (see
+// WithLogger).
+func (s *Session) warnEarlyRevoke(ctx context.Context) {
+	for _, ep := range s.client.Endpoints() {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := s.client.Status(sctx, ep)
+		cancel()
+		if err == nil && revokesEarly(resp.Version) {
+			s.cfg.logger.Warn("etcd server revokes leases early: after a paused or cut-off leader resumes, a lock may be granted to another client before the holder's grant context ends; fence the resource, or run etcd 3.4.31, 3.5.13, 3.6.0 or later (etcd #15247, fixed by #16822)",
+				"store", "etcd", "endpoint", ep, "version", resp.Version)
+		}
+	}
+}
+
+// revokesEarly reports whether etcd server version v (such as "3.4.23")
+// lets an old leader revoke leases after it resumes: every version before
+// 3.4.31, and 3.5 before 3.5.13. An unreadable version is not reported.
+func revokesEarly(v string) bool {
+	var major, minor, patch int
+	if n, _ := fmt.Sscanf(v, "%d.%d.%d", &major, &minor, &patch); n < 2 {
+		return false
+	}
+	switch {
+	case major != 3:
+		return major < 3
+	case minor < 4:
+		return true
+	case minor == 4:
+		return patch < 31
+	case minor == 5:
+		return patch < 13
+	}
+	return false
 }
 
 // grantedTTL is the TTL the server counts down: what it answered, but never

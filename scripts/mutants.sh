@@ -56,6 +56,10 @@ cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand
 cmd/terminal|./cmd/holdfast/|TestTerminalRead
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
+etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate
+consul/claim-record|./consul/|TestClaimGuardedTxn|TestConformance/ClaimLate
+etcd/claim-period-over|./tests/etcd/|TestClaimGuardedTxn
+consul/claim-period-over|./consul/|TestClaimGuardedTxn
 '
 
 want=("$@")

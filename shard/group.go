@@ -139,7 +139,7 @@ func New[G holdfast.Grant](s *Store[G], name string, cfg Config) (*Group[G], err
 	case cfg.Names == nil && cfg.Shards < 1:
 		errs = append(errs, fmt.Errorf("Shards %d: a group needs at least 1 shard", cfg.Shards))
 	case cfg.Names != nil && len(cfg.Names) == 0:
-		errs = append(errs, errors.New("Names is empty: a group needs at least 1 shard"))
+		errs = append(errs, errors.New("empty Names: a group needs at least 1 shard"))
 	case cfg.Names != nil && cfg.Shards != 0 && cfg.Shards != len(cfg.Names):
 		errs = append(errs, fmt.Errorf("Shards %d but %d Names", cfg.Shards, len(cfg.Names)))
 	}

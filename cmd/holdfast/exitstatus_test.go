@@ -113,6 +113,9 @@ func TestExitStatusRows(t *testing.T) {
 		{[]string{"elect", "--value", "v", "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
 		{[]string{"elect", "--value", "v", "--timeout", "-1s", "jobs", "--", "true"}, "negative"},
 		{[]string{"elect", "--observe", "--try", "jobs"}, "--try applies to campaigning only"},
+		{[]string{"elect", "--observe", "--ttl", "10s", "jobs"}, "without a session: --ttl applies to campaigning only"},
+		{[]string{"elect", "--observe", "--backend", "consul", "--addr", silent, "--lock-delay", "0", "jobs"}, "--lock-delay applies to campaigning only"},
+		{[]string{"elect", "--observe", "--metrics-addr", "127.0.0.1:0", "jobs"}, "--metrics-addr applies to campaigning only"},
 		{[]string{"elect", "--observe", "--timeout", "0", "jobs"}, "want a positive duration"},
 		{[]string{"status", "--timeout", "0", "jobs"}, "want a positive duration"},
 	} {
@@ -275,6 +278,47 @@ func TestStoreUnreachable(t *testing.T) {
 			if code != exitFailed || p.took > tc.bound+slack || !strings.Contains(msg, tc.why) {
 				t.Errorf("holdfast %q: exit %d after %v, want %d within %v; stderr lacks %q", args, code, p.took, exitFailed, tc.bound, tc.why)
 			}
+		})
+	}
+}
+
+// TestElectNotElected: elect --try exits 124 at once when the election has
+// a leader, and --timeout 124 when it elapses while campaigning (elect had
+// neither flag), on both stores; nothing of the candidate is left.
+func TestElectNotElected(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	a := embedtest.Consul(t)
+	for _, st := range []struct {
+		name  string
+		flags []string
+	}{
+		{"etcd", []string{"--endpoints", e.Endpoints()[0]}},
+		{"consul", []string{"--backend", "consul", "--addr", a.HTTPAddr, "--lock-delay", "0"}},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			ready := filepath.Join(t.TempDir(), "ready")
+			leader := start(t, append(append([]string{"elect", "--value", "first"}, st.flags...), "ne/svc", "--", "sh", "-c", `touch "$0"; sleep 30`, ready)...)
+			eventually(t, 20*time.Second, "the leader did not start", func() bool { _, err := os.Stat(ready); return err == nil })
+			for _, tc := range []struct {
+				args []string
+				min  time.Duration
+				max  time.Duration
+				want string
+			}{
+				{[]string{"--try"}, 0, time.Second, "ne/svc: not acquired: has a leader (term "},
+				{[]string{"--timeout", "700ms"}, 700 * time.Millisecond, 1500 * time.Millisecond, "ne/svc: not acquired: timed out waiting after 700ms"},
+			} {
+				p := start(t, append(append(append([]string{"elect", "--value", "second"}, tc.args...), st.flags...), "ne/svc", "--", "true")...)
+				code := p.wait(t, 20*time.Second)
+				t.Logf("elect %q: exit %d after %v", tc.args, code, p.took)
+				if msg := p.stderr.String(); code != exitNotAcquired || p.took < tc.min || p.took > tc.max || !strings.Contains(msg, tc.want) {
+					t.Errorf("elect %q: exit %d after %v, want %d within [%v, %v]; stderr %q lacks %q", tc.args, code, p.took, exitNotAcquired, tc.min, tc.max, msg, tc.want)
+				}
+			}
+			began := time.Now()
+			_ = leader.cmd.Process.Signal(syscall.SIGTERM)
+			leader.wait(t, 20*time.Second)
+			t.Logf("leader gone %v after SIGTERM", time.Since(began))
 		})
 	}
 }

@@ -42,7 +42,10 @@ import (
 //     message and the guard exits without killing.
 //
 // While the feed flows, holdfast is alive and handles a loss itself; the
-// guard does nothing.
+// guard does nothing. When holdfast stops itself with CMD (job control,
+// Ctrl-Z) it says so first: CMD does not run until both are resumed, so
+// the guard only sends SIGKILL just before the deadline, and an "fg"
+// before it resumes both.
 
 // guardEnv names the environment variable that makes this binary a guard:
 // its value is "PGID,GRACE": the process group to stop and --kill-grace in

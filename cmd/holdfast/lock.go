@@ -95,9 +95,20 @@ With -v holdfast says on stderr where it waits, the token it got and that
 it released; --metrics-addr serves Prometheus metrics and --log text|json
 logs the session's events, for long runs.
 
-If holdfast dies (kill -9), CMD's process group is sent SIGKILL by a guard
-process started beside CMD (and on Linux CMD by the kernel), so CMD does not
-outlive the grant; see the README for what remains.
+With its stdin a terminal and holdfast in its foreground, CMD's group gets
+the terminal: CMD reads it, and Ctrl-C reaches CMD (holdfast then releases
+the lock and exits with CMD's status). Ctrl-Z stops CMD and holdfast as one
+job (so does SIGTSTP to holdfast); fg resumes both, unless the grant expired
+meanwhile: CMD was then killed before its deadline and holdfast exits 122.
+
+CMD does not outlive the grant when holdfast cannot act. A guard process
+started beside CMD knows the grant's deadline (holdfast tells it at every
+renewal): if holdfast is stopped (SIGSTOP, a debugger), the guard sends
+CMD's group SIGTERM --kill-grace before the deadline (at once if that is
+past) and SIGKILL just before it; if holdfast dies (kill -9), SIGKILL at
+once (on Linux the kernel also kills CMD). After a loss, holdfast waits at
+most 0.5 s for a silent store, whose expiry releases the rest. See the
+README for what remains.
 
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
@@ -109,8 +120,10 @@ Exit status:
   124             not acquired: --timeout elapsed while waiting, or --try
                   found it held
   125             holdfast failed once it went to the store: unreachable or
-                  silent within --timeout (or --try's bound), refused
-                  (permission, another kind of lock, a limit mismatch)
+                  silent within --timeout (or --try's bound, or while
+                  waiting, for long enough that the session expired),
+                  refused (permission, another kind of lock, a limit
+                  mismatch)
   126, 127        CMD could not be started, CMD not found
   128+N           holdfast got signal N while waiting`,
 	flags: lockFlags,
@@ -241,13 +254,14 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	defer signal.Stop(sigs)
 
 	var s *session
+	var err error
 	defer func() {
+		var ee exitError
 		if s != nil {
-			s.Close()
+			closeSession(s, errors.As(err, &ee) && ee.code == exitLost)
 		}
 	}()
 	var got os.Signal
-	var err error
 	actx, cancelAttempt := ctx, context.CancelFunc(func() {})
 	if r.bound > 0 {
 		actx, cancelAttempt = context.WithTimeoutCause(ctx, r.bound, errTimeout)
@@ -256,7 +270,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 	timedOut := func() bool { return errors.Is(context.Cause(actx), errTimeout) && ctx.Err() == nil }
 	for err == nil {
 		if s != nil && s.Err() != nil { // lost with the grant: a new one
-			s.Close()
+			closeSession(s, true)
 			s = nil
 		}
 		if s == nil {
@@ -293,10 +307,15 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			}
 		}
 		actx = ctx // a later round (elect --loop) is not bounded
+		if !r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
+			// A waiter holds nothing: its session ended (the store did
+			// not acknowledge its renewals in time), not a grant.
+			err = exitError{exitFailed, explainf(err, "%s: stopped waiting: %s did not acknowledge the session's renewals in time, so it expired before it was granted (nothing was held)", name, sf.describe())}
+		}
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens
 			// a new one (after a pause, should the store refuse at once).
-			s.Close()
+			closeSession(s, true)
 			s, err = nil, nil
 			time.Sleep(100 * time.Millisecond)
 			continue
@@ -537,6 +556,29 @@ wait:
 	}
 	guard.standDown()
 	return werr, lostCause, nil
+}
+
+// lostCloseTimeout bounds the close of a session after a loss: the store
+// may be silent (frozen, cut off), and what the close would remove it
+// expires anyway, with the session's TTL.
+const lostCloseTimeout = 500 * time.Millisecond
+
+// closeSession closes s; after a loss (lost, or s itself ended) it waits
+// at most lostCloseTimeout for the store, leaving the rest to the store's
+// expiry.
+func closeSession(s *session, lost bool) {
+	if !lost && s.Err() == nil {
+		s.Close()
+		return
+	}
+	closed := make(chan struct{})
+	go func() { defer close(closed); s.Close() }()
+	t := time.NewTimer(lostCloseTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+	}
 }
 
 // releaseTimeout bounds the release after the command exits; if the store

@@ -76,6 +76,7 @@ type proc struct {
 	stdout, stderr syncBuffer
 	done           chan struct{}
 	code           int
+	began          time.Time
 	took           time.Duration
 }
 
@@ -88,6 +89,7 @@ func start(t *testing.T, args ...string) *proc {
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.Env = append(os.Environ(), "HOLDFAST_BACKEND=", "HOLDFAST_ENDPOINTS=", "ETCDCTL_ENDPOINTS=", "CONSUL_HTTP_ADDR=")
 	begin := time.Now()
+	p.began = begin
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,9 @@
 // Run "holdfast help <command>" for a command's flags. Exit status: 0 on
 // success, 1 when a command fails (including a benchmark that saw a
 // violation or an error), 2 on a usage or input error found before any
-// request; lock and elect document their own statuses (the command's
-// status, 122 lost, 124 not acquired, 125 failed...), with the same 2.
+// request; lock, elect, once and status document their own statuses (the
+// command's status, 122 lost, 124 not acquired, 125 failed...), with the
+// same 2.
 package main
 
 import (

@@ -69,7 +69,8 @@ func TestLockMulti(t *testing.T) {
 // on acct/a (taken first, held elsewhere), not on NAME (before: "acct/b:
 // waiting behind 1"); "acquired" names every name's token; CMD gets
 // HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in
-// command-line order, and HOLDFAST_TOKEN is still NAME's.
+// command-line order (a repeated name once), and HOLDFAST_TOKEN is still
+// NAME's.
 func TestLockMultiVerbose(t *testing.T) {
 	e := etcdtest.Etcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -87,7 +88,7 @@ func TestLockMultiVerbose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, "lock", "-v", "--endpoints", e.Endpoints()[0], "--and", "acct/a", "acct/b", "--", "sh", "-c",
+	p := start(t, "lock", "-v", "--endpoints", e.Endpoints()[0], "--and", "acct/a", "--and", "acct/b", "acct/b", "--", "sh", "-c",
 		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3"`)
 	eventually(t, 20*time.Second, "lock -v did not say where it waits", func() bool { return strings.Contains(p.stderr.String(), "waiting behind") })
 	if err := g.Unlock(ctx); err != nil {

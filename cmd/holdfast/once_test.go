@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -282,6 +284,62 @@ func TestStatusClaim(t *testing.T) {
 		p = start(t, append(append([]string{"status"}, tc.store...), "st/claim")...)
 		if code := p.wait(t, 30*time.Second); code != 0 || !strings.Contains(p.stdout.String(), fmt.Sprintf("period %s claimed, token %d; no run holds", period, tc.g.Token())) {
 			t.Errorf("status %v after the run: exit %d, output %q", tc.store, code, p.stdout.String())
+		}
+	}
+}
+
+// TestOnceFlags: "once --every 1s" runs (--at-most defaults to the store's
+// floor, not to a value the user must fix); -v says the token; a silent
+// store ends the attempt at --timeout (or --try's bound) with exit 125, on
+// both stores; --metrics-addr and --log are accepted.
+func TestOnceFlags(t *testing.T) {
+	holdfastBin(t)
+	e := etcdtest.Etcd(t)
+	ep := e.Endpoints()[0]
+	p := start(t, "once", "--endpoints", ep, "--every", "1s", "-v", "--log", "text", "--metrics-addr", "127.0.0.1:0", "jobs/fast", "--", "echo", "ran")
+	if code := p.wait(t, 30*time.Second); code != 0 || strings.TrimSpace(p.stdout.String()) != "ran" || !strings.Contains(p.stderr.String(), "acquired the claim, token ") {
+		t.Errorf("once --every 1s -v: exit %d, stdout %q, stderr %q: want the command run and the token said", code, p.stdout.String(), p.stderr.String())
+	}
+	// A store that accepts connections and never answers.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	silent := ln.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		max  time.Duration
+	}{
+		{[]string{"--endpoints", silent, "--timeout", "500ms"}, 2 * time.Second},
+		{[]string{"--backend", "consul", "--addr", silent, "--timeout", "500ms"}, 2 * time.Second},
+		{[]string{"--endpoints", silent, "--try"}, 3500 * time.Millisecond},
+	} {
+		args := append(append([]string{"once"}, tc.args...), "--every", "1h", "jobs/silent", "--", "echo", "ran")
+		p := start(t, args...)
+		code := p.wait(t, 30*time.Second)
+		if code != 125 || p.took > tc.max || strings.Contains(p.stdout.String(), "ran") {
+			t.Errorf("holdfast %s: exit %d after %v, want 125 within %v without running; stderr %q", strings.Join(args, " "), code, p.took, tc.max, p.stderr.String())
 		}
 	}
 }

@@ -46,6 +46,8 @@ type pauseCase struct {
 	// holder and of the next one; other, if not nil, of a holder of what
 	// the paused one does not take (the other permit).
 	holder, next, other []string
+	// trapTerm: CMD ignores SIGTERM, so the guard's SIGKILL must stop it.
+	trapTerm bool
 }
 
 func pauseCases(t *testing.T) []pauseCase {
@@ -65,7 +67,7 @@ func pauseCases(t *testing.T) []pauseCase {
 		with := func(args ...string) []string { return append(args, st.flags...) }
 		n := "pause-" + st.name + "/"
 		cases = append(cases,
-			pauseCase{name: st.name + "/lock", ttl: st.ttl,
+			pauseCase{name: st.name + "/lock", ttl: st.ttl, trapTerm: true,
 				holder: with("lock", "--kill-grace", "1s", n+"lock"), next: with("lock", n+"lock")},
 			pauseCase{name: st.name + "/lock-n", ttl: st.ttl,
 				holder: with("lock", "-n", "2", "--kill-grace", "1s", n+"sem"), next: with("lock", "-n", "2", n+"sem"), other: with("lock", "-n", "2", n+"sem")},
@@ -81,10 +83,12 @@ func pauseCases(t *testing.T) []pauseCase {
 // TestPausedHolderStopsCommand: holdfast stopped (SIGSTOP) for twice the
 // TTL and 2 s while its CMD writes a heartbeat: the guard stops CMD before the
 // grant's deadline, so CMD's last write comes before the next holder's
-// grant, on lock, lock -n, lock --and and elect, on both stores. Before
+// grant, on lock, lock -n, lock --and and elect, on both stores (with
+// lock, CMD ignores SIGTERM: the guard's SIGKILL stops it). Before
 // the guard knew the deadline, CMD wrote on for the whole pause, seconds
 // after the next holder was granted.
 func TestPausedHolderStopsCommand(t *testing.T) {
+	t.Parallel()
 	var wg sync.WaitGroup // all at once, whatever -parallel: they mostly sleep
 	defer wg.Wait()
 	for _, c := range pauseCases(t) {
@@ -99,7 +103,11 @@ func pausedHolder(t *testing.T, c pauseCase) {
 		eventually(t, 30*time.Second, "the other permit was not granted", func() bool { return strings.Contains(o.stderr.String(), "acquired") })
 	}
 	beats, granted := filepath.Join(dir, "beats"), filepath.Join(dir, "granted")
-	p := start(t, append(append(c.holder, "--"), "sh", "-c", heartbeat, "sh", beats)...)
+	script := heartbeat
+	if c.trapTerm {
+		script = `trap "" TERM; ` + heartbeat
+	}
+	p := start(t, append(append(c.holder, "--"), "sh", "-c", script, "sh", beats)...)
 	eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
 	next := start(t, append(append(c.next, "-v", "--"), "sh", "-c", `date +%s%N > "$1"`, "sh", granted)...)
 	eventually(t, 10*time.Second, "the next holder does not wait", func() bool { return strings.Contains(next.stderr.String(), "waiting") })
@@ -123,5 +131,71 @@ func pausedHolder(t *testing.T, c pauseCase) {
 	}
 	if code != exitLost || !strings.Contains(p.stderr.String(), "holdfast: guard:") {
 		t.Errorf("the paused holder exited %d, want %d, with the guard's message; stderr: %s", code, exitLost, p.stderr.String())
+	}
+	if c.trapTerm && !(strings.Contains(p.stderr.String(), "SIGTERM to the command's process group") && strings.Contains(p.stderr.String(), "SIGKILL to the command's process group")) {
+		t.Errorf("CMD ignores SIGTERM: want the guard's SIGTERM, then its SIGKILL; stderr: %s", p.stderr.String())
+	}
+}
+
+// TestFrozenStoreExit: the store freezes (a proxy stops passing bytes)
+// while CMD runs: the grant is lost, CMD is stopped, and holdfast exits
+// 122 within --kill-grace + 1 s of CMD's end, leaving the release to the
+// store's expiry, on both stores; a waiter's session expires too, and it
+// exits 125 saying so (it never held anything). Before, holdfast waited for the store
+// (its session's close) 2 s (etcd) and 10 s (Consul) after CMD's end, and
+// the waiter said "grant lost".
+func TestFrozenStoreExit(t *testing.T) {
+	t.Parallel()
+	etcd := etcdtest.Etcd(t)
+	consul := embedtest.Consul(t)
+	const grace = time.Second
+	cases := []struct {
+		name, target string
+		flags        func(addr string) []string
+	}{
+		{"etcd", strings.TrimPrefix(etcd.Endpoints()[0], "http://"), func(addr string) []string {
+			return []string{"--endpoints", "http://" + addr, "--ttl", "2s"}
+		}},
+		{"consul", consul.HTTPAddr, func(addr string) []string {
+			return []string{"--backend", "consul", "--addr", addr, "--ttl", "10s", "--lock-delay", "0"}
+		}},
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, c := range cases {
+		wg.Go(func() {
+			t.Run(c.name, func(t *testing.T) {
+				proxy := embedtest.StartProxy(t, c.target)
+				beats := filepath.Join(t.TempDir(), "beats")
+				args := append([]string{"lock", "--kill-grace", grace.String()}, c.flags(proxy.Addr())...)
+				p := start(t, append(args, "frozen/"+c.name, "--", "sh", "-c", heartbeat, "sh", beats)...)
+				eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
+				w := start(t, append(args, "-v", "frozen/"+c.name, "--", "true")...)
+				eventually(t, 10*time.Second, "the waiter does not wait", func() bool { return strings.Contains(w.stderr.String(), "waiting") })
+				proxy.Pause()
+				frozen := time.Now()
+				t.Cleanup(proxy.Mend)
+				var exited time.Time
+				select {
+				case <-p.done:
+					exited = time.Now()
+				case <-time.After(30 * time.Second):
+					t.Fatalf("holdfast still runs 30 s after the store froze; stderr: %s", p.stderr.String())
+				}
+				last, _ := lastStamp(t, beats)
+				t.Logf("store frozen at 0: CMD's last write %v, holdfast exited %v (%v after CMD's end)", last.Sub(frozen).Round(time.Millisecond), exited.Sub(frozen).Round(time.Millisecond), exited.Sub(last).Round(time.Millisecond))
+				if p.code != exitLost {
+					t.Errorf("exit %d, want %d; stderr: %s", p.code, exitLost, p.stderr.String())
+				}
+				if d := exited.Sub(last); d > grace+time.Second {
+					t.Errorf("holdfast exited %v after CMD's last write, want within --kill-grace + 1 s (%v)", d, grace+time.Second)
+				}
+				code := w.wait(t, 20*time.Second)
+				t.Logf("the waiter exited %v after the freeze: %d, %q", w.took-frozen.Sub(w.began), code, w.stderr.String())
+				if msg := w.stderr.String(); code != exitFailed || strings.Contains(msg, "lost") || !strings.Contains(msg, "before it was granted") {
+					t.Errorf("the waiter exited %d, want %d saying the store let the session expire before it was granted; stderr: %s", code, exitFailed, msg)
+				}
+			})
+		})
 	}
 }

@@ -198,3 +198,34 @@ func TestTerminalJobControl(t *testing.T) {
 		t.Errorf("CMD wrote %v after Ctrl-Z", last.Sub(stopped))
 	}
 }
+
+// TestStopSignalStopsCommand: SIGTSTP to holdfast (no terminal) stops
+// CMD with it, and SIGCONT resumes both. Before, holdfast ignored it
+// (handled nothing) or stopped alone while CMD ran on.
+func TestStopSignalStopsCommand(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	dir := t.TempDir()
+	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
+	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "tstp", "--", "sh", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
+	cmd, _ := cmdPids(t, pidfile)
+	count := func() int { _, n := lastStamp(t, beats); return n }
+	eventually(t, 5*time.Second, "no heartbeat", func() bool { return count() > 0 })
+	if err := p.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "SIGTSTP did not stop both holdfast and CMD", func() bool {
+		return procState(p.cmd.Process.Pid) == "T" && procState(cmd) == "T"
+	})
+	n := count()
+	time.Sleep(300 * time.Millisecond)
+	if count() != n {
+		t.Error("CMD wrote while stopped")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "SIGCONT did not resume CMD", func() bool { return count() > n+2 })
+	if s := procState(p.cmd.Process.Pid); s == "T" {
+		t.Errorf("holdfast still stopped (%s)", s)
+	}
+}

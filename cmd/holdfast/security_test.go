@@ -71,9 +71,8 @@ func (o *outputs) run(env []string, args ...string) (code int, stdout, stderr st
 	return code, stdout, stderr
 }
 
-// refused checks a run that must fail with exit wantCode (lock: 125;
-// status: 1, or 125 when it cannot make its client) and one line on stderr
-// saying want.
+// refused checks a run that must fail with exit wantCode (125 for lock and
+// status) and one line on stderr saying want.
 func (o *outputs) refused(what string, wantCode int, want string, env []string, args ...string) {
 	o.t.Helper()
 	start := time.Now()
@@ -254,7 +253,7 @@ func TestSecuredConsul(t *testing.T) {
 	o.refused("token without the prefix", exitFailed, "permission denied", nil, lock("--token", otherTok, "jobs/nightly", "--", "true")...)
 	o.refused("unknown CA", exitFailed, "unknown authority", nil, "lock", "--backend", "consul", "--addr", addr, "--cacert", other.CAFile, "--token", lockTok, "jobs/nightly", "--", "true")
 	o.refused("system roots", exitFailed, "unknown authority", []string{"CONSUL_HTTP_TOKEN=" + lockTok}, "lock", "--backend", "consul", "--addr", addr, "jobs/nightly", "--", "true")
-	o.refused("status, unknown CA", 1, "unknown authority", nil, "status", "--backend", "consul", "--addr", addr, "--cacert", other.CAFile, "--token", lockTok, "jobs/nightly")
+	o.refused("status, unknown CA", exitFailed, "unknown authority", nil, "status", "--backend", "consul", "--addr", addr, "--cacert", other.CAFile, "--token", lockTok, "jobs/nightly")
 	if code, _, stderr := o.run(nil, lock("--user", "x:y", "jobs/nightly", "--", "true")...); code != 2 || !strings.Contains(stderr, "etcd only") {
 		t.Errorf("--user on Consul: exit %d, want 2:\n%s", code, stderr)
 	}

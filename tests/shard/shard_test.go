@@ -616,7 +616,8 @@ func TestConfigEtcd(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("Run: %v", err)
 	}
-	if err := g.Run(nil, work); !errors.Is(err, holdfast.ErrInvalidArgument) { //nolint:staticcheck // the input under test
+	//lint:ignore SA1012 a nil context is the input under test
+	if err := g.Run(nil, work); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil ctx: %v", err)
 	}
 

@@ -1,0 +1,536 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
+	"github.com/holdfast/holdfast/etcd"
+)
+
+// The request-fault table: every kind of request each primitive's
+// algorithm sends, times the three fault modes of etcdtest.Faults, times
+// the primitives. Each case runs one short scenario (ftScenario) with one
+// fault injected at the first request of its kind and checks exclusion,
+// liveness and that nothing is left behind. The kinds are not listed by
+// hand from the code: a fault-free run of the scenario records the shape
+// of every request (requestKind), and TestEtcdFaultTable fails if one is
+// missing from ftKinds, so a new kind of request cannot be left out
+// silently. `make faults` runs the whole table (-faults.full); the default
+// run takes the mutex's cases and one mode per kind of the others' own.
+
+var faultsFull = flag.Bool("faults.full", false, "run the whole request-fault table (make faults)")
+
+// ftTTL is the sessions' TTL in the table: a session that a fault ends
+// expires soon.
+const ftTTL = 3 * time.Second
+
+// ftGrant is what the table needs of a grant.
+type ftGrant interface {
+	Context() context.Context
+	Unlock(context.Context) error
+}
+
+// ftPrim is a primitive of the table: lock returns client i's acquisition
+// on s (reader: an RWMutex's odd clients read); limit is how many grants
+// may be live at once (for the RWMutex, 1: a writer with anyone is a
+// violation, readers together are not).
+type ftPrim struct {
+	name  string
+	limit int
+	lock  func(t *testing.T, s *etcd.Session, name string, i int) (lock, try func(context.Context) (ftGrant, error), reader bool)
+}
+
+var ftPrims = []ftPrim{
+	{name: "mutex", limit: 1, lock: func(t *testing.T, s *etcd.Session, name string, _ int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
+		m := newMutex(t, s, name)
+		return grantOf(m.Lock), grantOf(m.TryLock), false
+	}},
+	{name: "semaphore", limit: 2, lock: func(t *testing.T, s *etcd.Session, name string, _ int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
+		m, err := etcd.NewSemaphore(s, name, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grantOf(m.Lock), grantOf(m.TryLock), false
+	}},
+	{name: "rwmutex", limit: 1, lock: func(t *testing.T, s *etcd.Session, name string, i int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
+		m, err := etcd.NewRWMutex(s, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			return grantOf(m.RLock), grantOf(m.TryRLock), true
+		}
+		return grantOf(m.Lock), grantOf(m.TryLock), false
+	}},
+	{name: "election", limit: 1, lock: func(t *testing.T, s *etcd.Session, name string, i int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
+		e := newElection(t, s, name)
+		return func(ctx context.Context) (ftGrant, error) {
+			g, err := e.Campaign(ctx, fmt.Appendf(nil, "candidate %d", i))
+			if err == nil {
+				_ = e.Proclaim(ctx, fmt.Appendf(nil, "leader %d", i)) // a fault may fail it
+			}
+			return g, err
+		}, nil, false
+	}},
+	{name: "multi", limit: 1, lock: func(t *testing.T, s *etcd.Session, name string, _ int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
+		m, err := etcd.NewMultiMutex(s, name+"-b", name+"-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grantOf(m.Lock), grantOf(m.TryLock), false
+	}},
+}
+
+func grantOf[G ftGrant](f func(context.Context) (G, error)) func(context.Context) (ftGrant, error) {
+	return func(ctx context.Context) (ftGrant, error) {
+		g, err := f(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
+// requestKind names the shape of a request: its method and, for a Txn, its
+// compares and operations without their keys and values, so that one kind
+// is one place in the code that sends it.
+func requestKind(method string, req any) string {
+	m := method[strings.LastIndex(method, "/")+1:]
+	if r, ok := req.(*pb.TxnRequest); ok {
+		return "Txn" + txnShape(r)
+	}
+	if r, ok := req.(*pb.RangeRequest); ok && r.RangeEnd != nil {
+		return m + "(prefix)"
+	}
+	return m
+}
+
+func txnShape(r *pb.TxnRequest) string {
+	var b strings.Builder
+	b.WriteString("(if ")
+	for i, c := range r.Compare {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(strings.ToLower(c.Target.String()) + c.Result.String()[:2])
+		if c.RangeEnd != nil {
+			b.WriteString("*")
+		}
+	}
+	b.WriteString(" then " + opsShape(r.Success) + " else " + opsShape(r.Failure) + ")")
+	return b.String()
+}
+
+func opsShape(ops []*pb.RequestOp) string {
+	var s []string
+	for _, op := range ops {
+		switch o := op.Request.(type) {
+		case *pb.RequestOp_RequestRange:
+			s = append(s, "get")
+		case *pb.RequestOp_RequestPut:
+			s = append(s, "put")
+		case *pb.RequestOp_RequestDeleteRange:
+			s = append(s, "del")
+		case *pb.RequestOp_RequestTxn:
+			s = append(s, "txn"+txnShape(o.RequestTxn))
+		}
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+// ftScenario is one run of the table's scenario on a fresh name, with
+// faults (armed or not) on every client. Clients 0..limit-1 take the lock
+// and hold it for hold (an election's leader proclaims as it is granted); client
+// limit waits, client limit+1 gives up after 200 ms, client limit+2 joins
+// 400 ms later (after a late request of the one that gave up has landed), and one TryLock is refused meanwhile (if the primitive has
+// one). Every acquisition but the one that gives up is retried until it
+// succeeds (a live contender keeps asking), for at most 8 s. It returns
+// what the checkers found.
+type ftResult struct {
+	problems []string
+	lost     bool // a session ended: the liveness bound is then TTL + 1 s
+}
+
+func ftScenario(t *testing.T, c *etcdtest.Cluster, admin *clientv3.Client, f, quit *etcdtest.Faults, arm func(), p ftPrim, name string, slack, hold time.Duration) ftResult {
+	t.Helper()
+	var res ftResult
+	var mu sync.Mutex
+	problem := func(format string, a ...any) {
+		mu.Lock()
+		res.problems = append(res.problems, fmt.Sprintf(format, a...))
+		mu.Unlock()
+	}
+	before := leaseIDs(t, admin)
+	n := p.limit + 3
+	sessions := make([]*etcd.Session, n+1) // the last only tries
+	locks := make([]func(context.Context) (ftGrant, error), n+1)
+	var try func(context.Context) (ftGrant, error)
+	readers := make([]bool, n+1)
+	for i := range n + 1 {
+		install := f.Install
+		if i == p.limit+1 { // the contender that gives up
+			install = func(cfg *clientv3.Config) { f.Install(cfg); quit.Install(cfg) }
+		}
+		cli, err := c.NewClient(install)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		if sessions[i], err = etcd.NewSession(context.Background(), cli, etcd.WithTTL(ftTTL)); err != nil {
+			t.Fatal(err)
+		}
+		defer sessions[i].Close()
+		var tr func(context.Context) (ftGrant, error)
+		locks[i], tr, readers[i] = p.lock(t, sessions[i], name, i)
+		if i == n {
+			try = tr
+		}
+	}
+	arm() // faults hit the primitives' requests, not the sessions' creation
+	holders := p.limit
+	// The record: waits and grants, for the liveness check.
+	start := time.Now()
+	var waits, held []ftSpan
+	live := map[int]ftGrant{}
+	granted := func(i int, g ftGrant, from time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Since(start)
+		waits = append(waits, ftSpan{from, now})
+		count, writer := 1, !readers[i]
+		for j, h := range live {
+			if h.Context().Err() == nil && j != i {
+				count++
+				writer = writer || !readers[j]
+			}
+		}
+		if p.name == "rwmutex" && writer && count > 1 || p.name != "rwmutex" && count > p.limit {
+			res.problems = append(res.problems, fmt.Sprintf("client %d granted while %d grants were live", i, count-1))
+		}
+		live[i] = g
+		idx := len(held)
+		held = append(held, ftSpan{now, -1})
+		context.AfterFunc(g.Context(), func() {
+			mu.Lock()
+			held[idx].to = time.Since(start)
+			mu.Unlock()
+		})
+	}
+	failedWait := func(from time.Duration) {
+		mu.Lock()
+		waits = append(waits, ftSpan{from, time.Since(start)})
+		mu.Unlock()
+	}
+	// take retries until granted (or 8 s), then holds for hold.
+	take := func(i int, hold time.Duration) {
+		deadline := time.Now().Add(8 * time.Second)
+		for time.Now().Before(deadline) {
+			from := time.Since(start)
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			g, err := locks[i](ctx)
+			cancel()
+			if err != nil {
+				failedWait(from)
+				if errors.Is(err, holdfast.ErrSessionLost) {
+					mu.Lock()
+					res.lost = true
+					mu.Unlock()
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			granted(i, g, from)
+			time.Sleep(hold)
+			uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = g.Unlock(uctx) // a fault may fail it: the grant still ends
+			cancel()
+			return
+		}
+		problem("client %d not granted within 8 s", i)
+	}
+	var wg sync.WaitGroup
+	for i := range holders {
+		wg.Go(func() { take(i, hold) })
+	}
+	waitHeld := time.Now().Add(8 * time.Second)
+	for time.Now().Before(waitHeld) {
+		mu.Lock()
+		k := len(held)
+		mu.Unlock()
+		if k == holders {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	wg.Go(func() { take(holders, 50*time.Millisecond) })
+	time.Sleep(30 * time.Millisecond)
+	wg.Go(func() { // gives up after 200 ms
+		from := time.Since(start)
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		if g, err := locks[holders+1](ctx); err == nil {
+			granted(holders+1, g, from)
+			_ = g.Unlock(context.Background())
+		} else {
+			failedWait(from)
+		}
+	})
+	time.Sleep(400 * time.Millisecond)
+	wg.Go(func() { take(holders+2, 50*time.Millisecond) })
+	if try != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		from := time.Since(start)
+		if g, err := try(ctx); err == nil { // a delayed TryLock may come after the holders left
+			granted(n, g, from)
+			_ = g.Unlock(ctx)
+		}
+		cancel()
+	}
+	wg.Wait()
+	// Liveness: no interval over the bound in which fewer grants than
+	// the limit were live while someone waited.
+	mu.Lock()
+	bound := time.Second + slack
+	if res.lost {
+		bound += ftTTL
+	}
+	if gap := longestGap(waits, held, p.limit, time.Since(start)); gap > bound {
+		res.problems = append(res.problems, fmt.Sprintf("free for %v while a contender waited (bound %v)", gap.Round(time.Millisecond), bound))
+	}
+	mu.Unlock()
+	// Nothing left: close, let late requests land, then no key, no lease.
+	for _, s := range sessions {
+		_ = s.Close()
+	}
+	f.Wait()
+	quit.Wait()
+	deadline := time.Now().Add(ftTTL + 2*time.Second)
+	for {
+		ks := keys(t, admin, name)
+		ls := newLeases(t, admin, before)
+		if len(ks) == 0 && len(ls) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			res.problems = append(res.problems, fmt.Sprintf("left behind: keys %v, leases %v", ks, ls))
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return res
+}
+
+type ftSpan struct{ from, to time.Duration }
+
+// longestGap is the longest interval before end in which fewer than limit
+// grants were held while at least one wait was in progress.
+func longestGap(waits, held []ftSpan, limit int, end time.Duration) time.Duration {
+	type edge struct {
+		at       time.Duration
+		dw, dh   int
+		priority int
+	}
+	var es []edge
+	for _, w := range waits {
+		es = append(es, edge{w.from, 1, 0, 0}, edge{w.to, -1, 0, 2})
+	}
+	for _, h := range held {
+		to := h.to
+		if to < 0 {
+			to = end
+		}
+		es = append(es, edge{h.from, 0, 1, 1}, edge{to, 0, -1, 3})
+	}
+	sort.Slice(es, func(i, j int) bool {
+		if es[i].at != es[j].at {
+			return es[i].at < es[j].at
+		}
+		return es[i].priority < es[j].priority
+	})
+	var longest, from time.Duration
+	w, h, in := 0, 0, false
+	for _, e := range es {
+		w, h = w+e.dw, h+e.dh
+		gap := w > 0 && h < limit
+		if gap && !in {
+			from, in = e.at, true
+		} else if !gap && in {
+			in = false
+			longest = max(longest, e.at-from)
+		}
+	}
+	return longest
+}
+
+func leaseIDs(t *testing.T, admin *clientv3.Client) map[clientv3.LeaseID]bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := admin.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[clientv3.LeaseID]bool{}
+	for _, l := range resp.Leases {
+		ids[l.ID] = true
+	}
+	return ids
+}
+
+func newLeases(t *testing.T, admin *clientv3.Client, before map[clientv3.LeaseID]bool) []string {
+	var out []string
+	for id := range leaseIDs(t, admin) {
+		if !before[id] {
+			out = append(out, fmt.Sprintf("%x", int64(id)))
+		}
+	}
+	return out
+}
+
+// Request kinds by shape (see requestKind), per primitive, with the name
+// of the step that sends them. A fault-free run must send exactly these
+// (the keepalive, timed by the TTL, may or may not come).
+const (
+	kRelease   = "Txn(if createEQ then [del] else [])"
+	kJoin      = "Txn(if createEQ then [get,get,put] else [get])"
+	kRead      = "Txn(if createEQ then [get,get] else [])"
+	kTake      = "Txn(if createEQ* then [put] else [get,get])"
+	kWatch     = "Watch"
+	kKeepAlive = "LeaseKeepAlive"
+	kRevoke    = "LeaseRevoke"
+)
+
+var ftKinds = map[string]map[string]string{
+	"mutex": {kJoin: "queue up (join)", kRead: "read after a wake-up (hand off)", kRelease: "release, or leave after giving up",
+		kTake: "take (TryLock)", kWatch: "watch the predecessor / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
+	"semaphore": {"Txn(if createEQ,valueEQ* then [get,put] else [txn(if createEQ* then [put] else [get,get])])": "permit write (join and count)",
+		"Range(prefix)": "take (TryLock's count)", kRelease: "release, or leave after giving up", kWatch: "watch the prefix / the grant",
+		kKeepAlive: "renew", kRevoke: "close the session"},
+	"rwmutex": {"Txn(if createEQ then [get,get,get,get,get,get,put] else [get])": "queue up to write",
+		"Txn(if createEQ then [get,get,get,get,put] else [get])": "queue up to read",
+		"Txn(if createEQ* then [put] else [get,get,get,get])":    "take to write (TryLock)",
+		kRelease: "release, or leave after giving up", kWatch: "watch the prefix / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
+	"election": {"Txn(if createEQ then [get,get,txn(if createEQ* then [put] else [put])] else [get])": "campaign (join)",
+		"Txn(if createEQ then [txn(if createGR* then [put] else [get,get])] else [])": "read after a wake-up, taking office",
+		"Txn(if createEQ then [put] else [])":                                         "proclaim", kRelease: "resign, or leave after giving up",
+		kWatch: "watch the predecessor / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
+	"multi": {kJoin: "queue up (join) per name", kRead: "read after a wake-up (hand off)", kRelease: "release per name, or leave after giving up",
+		kTake: "take (TryLock) per name", kWatch: "watch the predecessors / the grants", kKeepAlive: "renew", kRevoke: "close the sessions"},
+}
+
+// ftHold is how long the first holders hold.
+const ftHold = 600 * time.Millisecond
+
+// ftLateHold is how long a late request whose caller does not give up is
+// held.
+const ftLateHold = 300 * time.Millisecond
+
+var ftModes = []etcdtest.FaultMode{etcdtest.Refuse, etcdtest.LoseAnswer, etcdtest.Late}
+
+// TestEtcdFaultTable runs the request-fault table (see ftScenario): for
+// each primitive, a fault-free run that checks the list of request kinds,
+// then one case per kind and mode (Late only for unary requests). By
+// default, the mutex's every case and, for the others, one mode per kind
+// of request but the session's (renew, close);
+// -faults.full (make faults): every case.
+func TestEtcdFaultTable(t *testing.T) {
+	c := etcdtest.Etcd(t)
+	admin := c.Client(t)
+	ran, failed := 0, 0
+	for _, p := range ftPrims {
+		f := etcdtest.NewFaults()
+		quit := etcdtest.NewFaults()
+		var mu sync.Mutex
+		seen, quitter := map[string]int{}, map[string]bool{}
+		r := ftScenario(t, c, admin, f, quit, func() {
+			f.Observe(func(method string, req any) {
+				mu.Lock()
+				seen[requestKind(method, req)]++
+				mu.Unlock()
+			})
+			quit.Observe(func(method string, req any) {
+				mu.Lock()
+				quitter[requestKind(method, req)] = true
+				mu.Unlock()
+			})
+		}, p, fmt.Sprintf("ft/%s/none", p.name), 0, ftHold)
+		if len(r.problems) > 0 {
+			t.Errorf("%s without faults: %v", p.name, r.problems)
+		}
+		table := ftKinds[p.name]
+		var kinds []string
+		for k := range table {
+			if seen[k] == 0 && k != kKeepAlive {
+				t.Errorf("%s: no request of kind %q (%s) in a fault-free run: the table is out of date", p.name, k, table[k])
+			}
+			kinds = append(kinds, k)
+		}
+		for k := range seen {
+			if _, ok := table[k]; !ok {
+				t.Errorf("%s: a fault-free run sent a request of kind %q that the table does not list: add it to ftKinds", p.name, k)
+			}
+		}
+		sort.Strings(kinds)
+		for ki, k := range kinds {
+			for mi, mode := range ftModes {
+				stream := !strings.HasPrefix(k, "Txn") && !strings.HasPrefix(k, "Range") && k != kRevoke
+				if mode == etcdtest.Late && stream {
+					continue
+				}
+				session := k == kKeepAlive || k == kRevoke // the same for every primitive
+				if !*faultsFull && p.name != "mutex" && (session || (ki+len(p.name))%len(ftModes) != mi) {
+					continue
+				}
+				name := fmt.Sprintf("ft/%s/%d/%v", p.name, ki, mode)
+				f, quit := etcdtest.NewFaults(), etcdtest.NewFaults()
+				// A late request: the first one of the kind that the
+				// contender who gives up at 200 ms sends, held until then;
+				// else the first one of the kind, held 300 ms (the bound
+				// allows for that delay).
+				on, slack := f, time.Duration(0)
+				if mode == etcdtest.Late {
+					if quitter[k] {
+						on = quit
+					} else {
+						slack = ftLateHold
+					}
+				}
+				hold := ftHold
+				if k == kKeepAlive {
+					hold = ftTTL / 2 // a renewal comes while they hold
+				}
+				var hit func() bool
+				start := time.Now()
+				r := ftScenario(t, c, admin, f, quit, func() {
+					hit = on.Inject(etcdtest.Rule{Mode: mode, Hold: ftLateHold, Match: func(method string, req any) bool { return requestKind(method, req) == k }})
+				}, p, name, slack, hold)
+				ran++
+				verdict := "ok"
+				if !hit() {
+					r.problems = append(r.problems, "the fault never hit: the case tests nothing")
+				}
+				if len(r.problems) > 0 {
+					failed++
+					verdict = "FAILED"
+					t.Errorf("%s, %s (%s), %v: %v", p.name, table[k], k, mode, r.problems)
+				}
+				t.Logf("case %s, %s, %v: %s (fault hit: %v, session lost: %v, %v)", p.name, table[k], mode, verdict, hit(), r.lost, time.Since(start).Round(time.Millisecond))
+			}
+		}
+	}
+	t.Logf("request-fault table: %d cases run, %d failed", ran, failed)
+	fmt.Printf("etcd request-fault table: %d cases run, %d failed\n", ran, failed)
+}

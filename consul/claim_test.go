@@ -2,6 +2,7 @@ package consul
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,4 +114,45 @@ func sessionsNamed(t testing.TB, c *api.Client, name string) []string {
 		}
 	}
 	return ids
+}
+
+// TestClaimOldFormat: a claim key of an older holdfast ("<name>/.claim"
+// held by a session, with a JSON value) refuses claims, saying so, until
+// its session ends; then a claim succeeds and writes the record in its
+// place.
+func TestClaimOldFormat(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	id, _, err := admin.Session().Create(&api.SessionEntry{Behavior: api.SessionBehaviorDelete, TTL: "60s"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := admin.KV().Acquire(&api.KVPair{Key: name + "/.claim", Flags: ClaimFlags, Session: id, Value: []byte(`{"period":"2026-11-25T10:00:00Z"}`)}, nil); err != nil || !ok {
+		t.Fatalf("old claim key: %v %v", ok, err)
+	}
+	s := newSession(t, a.Client(t))
+	ctx := timeout(t, 20*time.Second)
+	o, err := NewOnce(s, name, holdfast.Schedule{Every: time.Hour, AtMost: 2 * MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := o.Claim(ctx); !errors.Is(err, holdfast.ErrClaimed) || !strings.Contains(err.Error(), "older holdfast") {
+		t.Fatalf("claim over an old claim key: %v %v, want ErrClaimed saying it is an older holdfast's", g, err)
+	}
+	if _, err := admin.Session().Destroy(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the old claim key deleted with its session", func() bool { return len(keys(t, admin, name)) == 0 })
+	g, err := o.Claim(ctx)
+	if err != nil {
+		t.Fatalf("claim once the old key is gone: %v", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, err := admin.KV().Get(name+"/.claim", nil); err != nil || rec == nil || rec.Session != "" || rec.Flags != ClaimFlags {
+		t.Errorf("record %+v %v, want the new record, held by no session", rec, err)
+	}
 }

@@ -75,9 +75,9 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	jsonOut := fs.Bool("json", false, "with --observe: one JSON object per change")
 	return func(ctx context.Context, e *env, args []string) error {
 		if *observe {
-			for _, f := range []string{"value", "loop", "kill-grace", "child-exit-code", "try"} {
+			for _, f := range []string{"value", "loop", "kill-grace", "child-exit-code", "try", "ttl", "lock-delay", "log", "metrics-addr"} {
 				if flagGiven(ctx, f) {
-					return usagef("--observe watches the election: --%s applies to campaigning only", f)
+					return usagef("--observe watches the election without a session: --%s applies to campaigning only", f)
 				}
 			}
 			if len(args) != 1 {
@@ -86,11 +86,6 @@ func electFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if err := holdfast.ValidateName(args[0]); err != nil {
 				return explain(err, args[0], "")
 			}
-			stop, err := vis.start(e, sf)
-			if err != nil {
-				return err
-			}
-			defer stop()
 			bound := statusTimeout
 			if flagGiven(ctx, "timeout") {
 				if *timeout <= 0 {

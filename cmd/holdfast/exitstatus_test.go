@@ -113,6 +113,9 @@ func TestExitStatusRows(t *testing.T) {
 		{[]string{"elect", "--value", "v", "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
 		{[]string{"elect", "--value", "v", "--timeout", "-1s", "jobs", "--", "true"}, "negative"},
 		{[]string{"elect", "--observe", "--try", "jobs"}, "--try applies to campaigning only"},
+		{[]string{"elect", "--observe", "--ttl", "10s", "jobs"}, "without a session: --ttl applies to campaigning only"},
+		{[]string{"elect", "--observe", "--backend", "consul", "--addr", silent, "--lock-delay", "0", "jobs"}, "--lock-delay applies to campaigning only"},
+		{[]string{"elect", "--observe", "--metrics-addr", "127.0.0.1:0", "jobs"}, "--metrics-addr applies to campaigning only"},
 		{[]string{"elect", "--observe", "--timeout", "0", "jobs"}, "want a positive duration"},
 		{[]string{"status", "--timeout", "0", "jobs"}, "want a positive duration"},
 	} {

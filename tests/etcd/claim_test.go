@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +132,42 @@ func TestClaimBadInput(t *testing.T) {
 	//lint:ignore SA1012 a nil context is the bad input under test
 	if _, err := o.Claim(nil); !errors.Is(err, holdfast.ErrInvalidArgument) {
 		t.Errorf("nil context: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestClaimOldFormat: a claim key of an older holdfast ("<name>/.claim"
+// with a lease and a JSON value) refuses claims, saying so, until its
+// lease ends; then a claim succeeds and writes the record in its place.
+func TestClaimOldFormat(t *testing.T) {
+	c := etcdtest.Etcd(t)
+	cli := c.Client(t)
+	ctx := context.Background()
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "jobs/old/.claim", `{"period":"2026-11-25T10:00:00Z","lease":"1"}`, clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, c)
+	o, err := etcd.NewOnce(s, "jobs/old", holdfast.Schedule{Every: time.Hour, AtMost: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := o.Claim(ctx); !errors.Is(err, holdfast.ErrClaimed) || !strings.Contains(err.Error(), "older holdfast") {
+		t.Fatalf("claim over an old claim key: %v %v, want ErrClaimed saying it is an older holdfast's", g, err)
+	}
+	if _, err := cli.Revoke(ctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	g, err := o.Claim(ctx)
+	if err != nil {
+		t.Fatalf("claim once the old key expired: %v", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := cli.Get(ctx, "jobs/old/.claim"); len(r.Kvs) != 1 || r.Kvs[0].Lease != 0 || !strings.HasSuffix(string(r.Kvs[0].Value), "Z") {
+		t.Errorf("record %v, want the new record without a lease", r.Kvs)
 	}
 }

@@ -15,7 +15,7 @@ PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 # run without this tag; nothing else depends on it.
 TESTTAGS := holdfast_testhooks
 
-.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz once-soak faults
+.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz faults once-soak faults
 
 test: consul
 	./scripts/modgraph.sh
@@ -97,6 +97,12 @@ conformance-full:
 # test` runs a subset. etcd: 92 cases, about 90 s on 2 cores.
 faults: consul
 	$(GO) test -count=1 -tags $(TESTTAGS) -run '^TestEtcdFaultTable$$' ./tests/etcd/ -args -faults.full
+
+# The whole request-fault table of the Consul backend (consul/faults_test.go):
+# every kind of request of the Mutex, RWMutex, Semaphore, Election and
+# MultiMutex x 3 fault modes (`make test` runs the Mutex's only). About 1 minute.
+faults: consul
+	HOLDFAST_FAULTS=all $(GO) test -count=1 -run '^TestRequestFaults$$' -v ./consul/ | grep -v '^=== '
 
 # Fuzz the decoders of the Consul semaphore's and read-write lock's lock key
 # (consul/permits_fuzz_test.go), FUZZTIME each (default 1m). The seed corpus

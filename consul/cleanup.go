@@ -68,6 +68,7 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 // entry with its own), retried until Consul answers, while the session
 // lives.
 func (s *Session) sweepLater(l leftover) {
+	s.abandon(l) // and Close sweeps once more, for a request that lands later still
 	s.bg.Go(func(ctx context.Context) {
 		for _, d := range sweepDelays {
 			if !sleep(ctx, d) {

@@ -608,8 +608,15 @@ func (s *Session) close() error {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := s.client.Session().Destroy(s.id, writeOpts(ctx)); err != nil {
-		errs = append(errs, apiError("destroy session "+s.id, err))
+	// Destroying is idempotent: an attempt that fails (refused, or its
+	// answer lost) is sent again until closeTimeout.
+	var derr error
+	_ = core.Backoff{Attempt: core.AttemptTimeout, Final: queryRefused}.Retry(ctx, func(actx context.Context) error {
+		_, derr = s.client.Session().Destroy(s.id, writeOpts(actx))
+		return derr
+	})
+	if derr != nil {
+		errs = append(errs, apiError("destroy session "+s.id, derr))
 	}
 	if s.owned != nil {
 		s.owned.CloseIdleConnections()

@@ -28,9 +28,9 @@
 //		log.Fatal(err)
 //	}
 //
-// These lines are the body of package etcd's ExampleMutex_Lock (package
-// consul's ExampleDial does the same on Consul), run by go test. What those
-// lines rely on:
+// These lines are the body of package etcd's ExampleMutex_Lock, which the
+// tests module runs against a real etcd (package consul's ExampleDial does
+// the same on Consul). What those lines rely on:
 //
 // A lease-based lock can be lost without its holder noticing: a long GC
 // pause, a slow network or a suspended VM lets the lease expire while the

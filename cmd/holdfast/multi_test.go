@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
-	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 // TestLockMulti: "lock --and" takes several names as one grant. Four
@@ -73,26 +72,31 @@ func TestLockMulti(t *testing.T) {
 // NAME's.
 func TestLockMultiVerbose(t *testing.T) {
 	e := etcdtest.Etcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := hfetcd.NewSession(ctx, e.Client(t))
-	if err != nil {
-		t.Fatal(err)
+	a := embedtest.Consul(t)
+	for _, st := range []struct {
+		name  string
+		flags []string
+	}{
+		{"etcd", []string{"--endpoints", e.Endpoints()[0]}},
+		{"consul", []string{"--backend", "consul", "--addr", a.HTTPAddr, "--lock-delay", "0"}},
+	} {
+		t.Run(st.name, func(t *testing.T) { lockMultiVerbose(t, st.flags) })
 	}
-	defer s.Close()
-	m, err := hfetcd.NewMutex(s, "acct/a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, "lock", "-v", "--endpoints", e.Endpoints()[0], "--and", "acct/a", "--and", "acct/b", "acct/b", "--", "sh", "-c",
-		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3"`)
+}
+
+func lockMultiVerbose(t *testing.T, flags []string) {
+	dir := t.TempDir()
+	ready, release := filepath.Join(dir, "ready"), filepath.Join(dir, "release")
+	holder := start(t, append(append([]string{"lock"}, flags...), "acct/a", "--", "sh", "-c", `touch "$0"; while [ ! -e "$1" ]; do sleep 0.05; done`, ready, release)...)
+	eventually(t, 20*time.Second, "the holder of acct/a did not start", func() bool { _, err := os.Stat(ready); return err == nil })
+	p := start(t, append(append([]string{"lock", "-v"}, flags...), "--and", "acct/a", "--and", "acct/b", "acct/b", "--", "sh", "-c",
+		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3"`)...)
 	eventually(t, 20*time.Second, "lock -v did not say where it waits", func() bool { return strings.Contains(p.stderr.String(), "waiting behind") })
-	if err := g.Unlock(ctx); err != nil {
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if code := holder.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("holder: exit %d: %s", code, holder.stderr.String())
 	}
 	if code := p.wait(t, 20*time.Second); code != 0 {
 		t.Fatalf("exit %d: %s", code, p.stderr.String())

@@ -200,8 +200,8 @@ func TestTerminalJobControl(t *testing.T) {
 }
 
 // TestStopSignalStopsCommand: SIGTSTP to holdfast (no terminal) stops
-// CMD with it, and SIGCONT resumes both. Before, holdfast ignored it
-// (handled nothing) or stopped alone while CMD ran on.
+// CMD with it, and SIGCONT resumes both. Before, holdfast stopped alone
+// and CMD ran on.
 func TestStopSignalStopsCommand(t *testing.T) {
 	e := etcdtest.Etcd(t)
 	dir := t.TempDir()

@@ -61,6 +61,10 @@
 //     release and the cleanup go on in the background.
 //   - NestedNames: a lock whose name has a longer name in use under it fails
 //     with ErrConflict.
+//   - Liveness: once the lock is free, a live waiter is granted within 1 s,
+//     even when a waiter queued beside it gave up (its Lock cancelled);
+//     also for a semaphore of limit 1 and a read-write lock's writers when
+//     the backend has them.
 //   - BadInput: a nil context is ErrInvalidArgument.
 //
 // Properties of the optional primitives, run only when the Backend sets

@@ -193,7 +193,7 @@ func splitUsage(c *command) (use, long string) {
 	use = strings.TrimPrefix(strings.TrimSpace(lines[0]), "usage: holdfast ")
 	var more []string
 	for _, l := range lines[1:] {
-		more = append(more, "  "+strings.TrimPrefix(strings.TrimSpace(l), "holdfast "))
+		more = append(more, strings.TrimPrefix(strings.TrimSpace(l), "holdfast "))
 	}
 	long = c.summary
 	if len(more) > 0 {

@@ -198,6 +198,7 @@ var subtests = []subtest{
 	{"BoundedLock", testBoundedLock, ""},
 	{"BoundedUnlock", testBoundedUnlock, ""},
 	{"NestedNames", testNestedNames, ""},
+	{"Liveness", testLiveness, ""},
 	{"BadInput", testBadInput, ""},
 
 	{"SemaphoreLimit", testSemaphoreLimit, needsSemaphore},

@@ -65,7 +65,7 @@ var brokenFakes = []struct {
 	{bugKeyOutside, []string{"MonotonicTokens"}},
 	{bugTryLockBlocks, []string{"TryLock", "SemaphoreTryLock"}},
 	{bugTryLockBarges, []string{"TryLock"}},
-	{bugLeakyCancel, []string{"CancelCleanup", "SemaphoreCancelCleanup", "RWCancelCleanup", "ElectionLeader"}},
+	{bugLeakyCancel, []string{"CancelCleanup", "SemaphoreCancelCleanup", "RWCancelCleanup", "ElectionLeader", "Liveness"}},
 	{bugCancelledFreeLock, []string{"CancelCleanup"}},
 	{bugReleaseCause, []string{"MonotonicTokens", "Reentrancy"}},
 	{bugNoLossNotice, []string{"LossNotice"}},
@@ -256,7 +256,7 @@ func family(subtest string) string {
 var allSubtests = []string{
 	"MutualExclusion", "FIFO", "NoHerd", "TryLock", "CancelCleanup", "MonotonicTokens",
 	"LossNotice", "ToldBeforeNextGrant", "DeletedKey", "SessionClose", "DoubleUnlock",
-	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "BadInput",
+	"Reentrancy", "ContextWhileWaiting", "BoundedLock", "BoundedUnlock", "NestedNames", "Liveness", "BadInput",
 	"SemaphoreLimit", "SemaphoreTryLock", "SemaphoreKilledHolder", "SemaphoreCancelCleanup", "SemaphoreLimitMismatch",
 	"SemaphorePromptAdmission", "SemaphoreReentrancy",
 	"RWExclusion", "RWReadersShare", "RWWriterNotStarved", "RWCancelCleanup", "RWTokens", "RWPromptAdmission", "RWDowngrade", "RWReentrancy",

@@ -61,6 +61,10 @@
 //     release and the cleanup go on in the background.
 //   - NestedNames: a lock whose name has a longer name in use under it fails
 //     with ErrConflict.
+//   - Liveness: once the lock is free, a live waiter is granted within 1 s,
+//     even when a waiter queued beside it gave up (its Lock cancelled);
+//     also for a semaphore of limit 1 and a read-write lock's writers when
+//     the backend has them.
 //   - BadInput: a nil context is ErrInvalidArgument.
 //
 // Properties of the optional primitives, run only when the Backend sets
@@ -101,7 +105,7 @@
 //     next period is refused meanwhile), the same period is refused after
 //     the run, the next period's claim succeeds with a higher token, and
 //     the record is the one key left; ClaimLate, no period is claimed
-//     twice whatever the delays: the same period past AtLeast + ClaimFree,
+//     twice whatever the delays: the same period past ClaimFree,
 //     an earlier period after a later one, and a period already over
 //     (ErrPeriodOver) are refused; ClaimAtMost,
 //     a claimant cut off while holding is told (its context ends) before

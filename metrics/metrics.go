@@ -17,6 +17,8 @@
 //	holdfast_sessions_ended_total    counter    sessions that ended, by cause
 //	holdfast_holders                 gauge      grants held now
 //	holdfast_waiters                 gauge      acquisitions waiting now
+//	holdfast_shards_owned            gauge      shards of shard groups owned now (shard.Config.Observer)
+//	holdfast_shard_releases_total    counter    shards no longer owned, by cause: moved, leaving, returned, lost
 //
 // Label cause has a fixed set of values, and every series of a known cause
 // exists at 0 from New on (from a name's first event with PerName), so that
@@ -66,6 +68,7 @@ type Metrics struct {
 	sessions   *prometheus.CounterVec
 	holders    *prometheus.GaugeVec
 	waiters    *prometheus.GaugeVec
+	shard      shardMetrics
 	collectors []prometheus.Collector
 	named      sync.Map // names whose series exist (PerName)
 }
@@ -126,7 +129,8 @@ func New(o Options) *Metrics {
 			Help: "Acquisitions waiting now.",
 		}, name),
 	}
-	m.collectors = []prometheus.Collector{m.wait, m.hold, m.lost, m.renewals, m.sessions, m.holders, m.waiters}
+	m.shard = newShardMetrics(ns, name)
+	m.collectors = []prometheus.Collector{m.wait, m.hold, m.lost, m.renewals, m.sessions, m.holders, m.waiters, m.shard.owned, m.shard.releases}
 	for _, c := range sessionCauses {
 		m.sessions.WithLabelValues(c)
 	}
@@ -145,6 +149,7 @@ func (m *Metrics) init(labels []string) {
 	m.hold.WithLabelValues(labels...)
 	m.holders.WithLabelValues(labels...)
 	m.waiters.WithLabelValues(labels...)
+	m.shard.init(labels)
 }
 
 // Describe implements prometheus.Collector.

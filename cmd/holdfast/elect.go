@@ -41,8 +41,8 @@ With --observe, holdfast does not campaign and opens no session (no lease,
 no Consul session): it reads the election as "holdfast status" does and
 prints the current leader (or "no leader"), then every change, one line
 each (--json: one JSON object), until interrupted. --timeout bounds
-connecting and each read (default ` + statusTimeout.String() + `): a store that does not
-answer within it, or refuses the connection, ends --observe with 125.
+connecting and each read (default ` + statusTimeout.String() + `): a store that does not answer
+within it, or refuses the connection, ends --observe with 125.
 
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);

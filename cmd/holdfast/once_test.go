@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,9 +290,10 @@ func TestStatusClaim(t *testing.T) {
 }
 
 // TestOnceFlags: "once --every 1s" runs (--at-most defaults to the store's
-// floor, not to a value the user must fix); -v says the token; a silent
-// store ends the attempt at --timeout (or --try's bound) with exit 125, on
-// both stores; --metrics-addr and --log are accepted.
+// floor, not to a value the user must fix); -v says the token; --at-least
+// keeps holdfast (and the run's mark) that long; a silent store ends the
+// attempt at --timeout, --try's bound or the period's end with exit 125,
+// on both stores; --metrics-addr and --log are accepted.
 func TestOnceFlags(t *testing.T) {
 	holdfastBin(t)
 	e := etcdtest.Etcd(t)
@@ -299,6 +301,15 @@ func TestOnceFlags(t *testing.T) {
 	p := start(t, "once", "--endpoints", ep, "--every", "1s", "-v", "--log", "text", "--metrics-addr", "127.0.0.1:0", "jobs/fast", "--", "echo", "ran")
 	if code := p.wait(t, 30*time.Second); code != 0 || strings.TrimSpace(p.stdout.String()) != "ran" || !strings.Contains(p.stderr.String(), "acquired the claim, token ") {
 		t.Errorf("once --every 1s -v: exit %d, stdout %q, stderr %q: want the command run and the token said", code, p.stdout.String(), p.stderr.String())
+	}
+	// --at-least: holdfast keeps the run marked that long after the claim,
+	// then removes the mark (the record alone is left).
+	p = start(t, "once", "--endpoints", ep, "--every", "1h", "--at-least", "1500ms", "jobs/spaced", "--", "true")
+	if code := p.wait(t, 30*time.Second); code != 0 || p.took < 1500*time.Millisecond {
+		t.Errorf("once --at-least 1500ms: exit %d after %v, want 0, no sooner than 1.5s; stderr %q", code, p.took, p.stderr.String())
+	}
+	if ks := keysUnder(t, e.Client(t), "jobs/spaced/"); !slices.Equal(ks, []string{"jobs/spaced/.claim"}) {
+		t.Errorf("keys left after once --at-least: %q, want the record alone", ks)
 	}
 	// A store that accepts connections and never answers.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -334,8 +345,9 @@ func TestOnceFlags(t *testing.T) {
 		{[]string{"--endpoints", silent, "--timeout", "500ms"}, 2 * time.Second},
 		{[]string{"--backend", "consul", "--addr", silent, "--timeout", "500ms"}, 2 * time.Second},
 		{[]string{"--endpoints", silent, "--try"}, 3500 * time.Millisecond},
+		{[]string{"--endpoints", silent, "--every", "2s"}, 3500 * time.Millisecond}, // bounded by the period's end
 	} {
-		args := append(append([]string{"once"}, tc.args...), "--every", "1h", "jobs/silent", "--", "echo", "ran")
+		args := append(append([]string{"once", "--every", "1h"}, tc.args...), "jobs/silent", "--", "echo", "ran")
 		p := start(t, args...)
 		code := p.wait(t, 30*time.Second)
 		if code != 125 || p.took > tc.max || strings.Contains(p.stdout.String(), "ran") {

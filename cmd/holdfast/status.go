@@ -45,9 +45,8 @@ values as an election's; --kind lock or --kind election says which to show.
 --json prints one JSON object per state; --watch prints the state again each
 time the keys under NAME change (in place on a terminal), until interrupted.
 
---timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store
-that does not answer within it, or refuses the connection, ends status with
-125.
+--timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store that
+does not answer within it, or refuses the connection, ends status with 125.
 
 Exit status:
   0               the state was shown; --watch was interrupted

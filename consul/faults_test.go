@@ -48,18 +48,19 @@ import (
 // table's run (see kindOf); the table fails on a kind not listed.
 var faultKinds = map[string][]string{
 	"mutex": {
-		"PUT /v1/txn [check-session N/.lock, delete N/.lock]",
-		"PUT /v1/txn [delete N/.queue/S, delete N/.queue/S/held, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S]",
-		"PUT /v1/txn [delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
 		"GET /v1/kv/N/",
 		"GET /v1/kv/N/.queue/S",
 		"GET /v1/session/info/S",
 		"PUT /v1/session/create",
 		"PUT /v1/session/destroy/S",
-		"PUT /v1/txn [check-index N/.queue/S, check-session N/.lock, check-session N/.queue/S, delete N/.queue/S/prev/S, delete-tree N/.queue/S, lock N/.lock, lock N/.queue/S/held, unlock N/.lock]",
+		"PUT /v1/txn [check-index N/.queue/S, check-session N/.lock, check-session N/.queue/S, delete N/.queue/S/prev/S, delete-tree N/.queue/S, get-tree N/.queue/S/next/, lock N/.lock, lock N/.queue/S/held, unlock N/.lock]",
 		"PUT /v1/txn [check-index N/.queue/S, get N/.queue/S, lock N/.queue/S/next/S, lock N/.queue/S/prev/S]",
 		"PUT /v1/txn [check-not-exists N/.lock, check-not-exists N/.tail, delete-tree N/.queue/S, get-tree N/.queue/S, lock N/.lock, lock N/.queue/S, lock N/.queue/S/held, set N/.tail]",
-		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete-cas N/.tail, delete-tree N/.queue/S]",
+		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete-cas N/.tail, delete-tree N/.queue/S, get-tree N/.queue/S/next/]",
+		"PUT /v1/txn [check-session N/.lock, delete N/.lock]",
+		"PUT /v1/txn [delete N/.queue/S, delete N/.queue/S/held, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S]",
+		"PUT /v1/txn [delete N/.queue/S/next/S, delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
+		"PUT /v1/txn [delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
 		"PUT /v1/txn [delete-tree N/.queue/S, get-or-empty N/.lock, get-or-empty N/.tail, lock N/.queue/S, set N/.tail]",
 	},
 	"rwmutex": {
@@ -70,6 +71,7 @@ var faultKinds = map[string][]string{
 		"PUT /v1/session/destroy/S",
 		"PUT /v1/txn [cas N/.lock, cas N/S, check-session N/S, delete N/S, get-tree N/]",
 		"PUT /v1/txn [cas N/.lock, cas N/S, check-session N/S, delete N/S]",
+		"PUT /v1/txn [cas N/.lock, cas N/S, get-tree N/]",
 		"PUT /v1/txn [cas N/.lock, cas N/S]",
 		"PUT /v1/txn [cas N/.lock, check-session N/S, delete N/S, get-tree N/]",
 		"PUT /v1/txn [check-session N/S, delete N/S, delete-cas N/.lock, get-tree N/]",
@@ -101,8 +103,9 @@ var faultKinds = map[string][]string{
 		"PUT /v1/txn [check-index N/.queue/S, get N/.queue/S, lock N/.queue/S/next/S, lock N/.queue/S/prev/S]",
 		"PUT /v1/txn [check-not-exists N/.lock, check-not-exists N/.tail, delete-tree N/.queue/S, get-tree N/.queue/S, lock N/.lock, lock N/.queue/S, lock N/.queue/S/held, set N/.tail]",
 		"PUT /v1/txn [check-not-exists N/.lock, get-tree N/.queue/S, lock N/.lock, lock N/.queue/S/held]",
-		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete N/.queue/S/prev/S, delete-tree N/.queue/S]",
-		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete-cas N/.tail, delete-tree N/.queue/S]",
+		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete N/.queue/S/prev/S, delete-tree N/.queue/S, get-tree N/.queue/S/next/]",
+		"PUT /v1/txn [check-session N/.lock, delete N/.lock, delete-cas N/.tail, delete-tree N/.queue/S, get-tree N/.queue/S/next/]",
+		"PUT /v1/txn [check-session N/.lock, delete N/.lock]",
 		"PUT /v1/txn [delete N/.queue/S, delete N/.queue/S/held, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S]",
 		"PUT /v1/txn [delete N/.queue/S/next/S, get-tree N/]",
 		"PUT /v1/txn [delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
@@ -115,12 +118,14 @@ var faultKinds = map[string][]string{
 		"PUT /v1/session/create",
 		"PUT /v1/session/destroy/S",
 		"PUT /v1/txn [cas N/part/.tail, check-index N/part/.queue/S]",
-		"PUT /v1/txn [check-index N/part/.queue/S, check-session N/part/.lock, check-session N/part/.queue/S, delete N/part/.queue/S/prev/S, delete-tree N/part/.queue/S, lock N/part/.lock, lock N/part/.queue/S/held, unlock N/part/.lock]",
+		"PUT /v1/txn [check-index N/part/.queue/S, check-session N/part/.lock, check-session N/part/.queue/S, delete N/part/.queue/S/prev/S, delete-tree N/part/.queue/S, get-tree N/part/.queue/S/next/, lock N/part/.lock, lock N/part/.queue/S/held, unlock N/part/.lock]",
 		"PUT /v1/txn [check-index N/part/.queue/S, get N/part/.queue/S, lock N/part/.queue/S/next/S, lock N/part/.queue/S/prev/S]",
 		"PUT /v1/txn [check-not-exists N/part/.lock, check-not-exists N/part/.tail, delete-tree N/part/.queue/S, get-tree N/part/.queue/S, lock N/part/.lock, lock N/part/.queue/S, lock N/part/.queue/S/held, set N/part/.tail]",
-		"PUT /v1/txn [check-session N/part/.lock, delete N/part/.lock, delete-cas N/part/.tail, delete-tree N/part/.queue/S]",
+		"PUT /v1/txn [check-not-exists N/part/.lock, get-tree N/part/.queue/S, lock N/part/.lock, lock N/part/.queue/S/held]",
+		"PUT /v1/txn [check-session N/part/.lock, delete N/part/.lock, delete-cas N/part/.tail, delete-tree N/part/.queue/S, get-tree N/part/.queue/S/next/]",
 		"PUT /v1/txn [check-session N/part/.lock, delete N/part/.lock]",
 		"PUT /v1/txn [delete N/part/.queue/S, delete N/part/.queue/S/held, get-or-empty N/part/.lock, get-or-empty N/part/.tail, get-tree N/part/.queue/S]",
+		"PUT /v1/txn [delete N/part/.queue/S/next/S, delete N/part/.queue/S/prev/S, delete-tree N/part/.queue/S/]",
 		"PUT /v1/txn [delete N/part/.queue/S/next/S, delete-tree N/part/.queue/S/]",
 		"PUT /v1/txn [delete N/part/.queue/S/prev/S, delete-tree N/part/.queue/S/]",
 		"PUT /v1/txn [delete-tree N/part/.queue/S, get-or-empty N/part/.lock, get-or-empty N/part/.tail, lock N/part/.queue/S, set N/part/.tail]",
@@ -379,6 +384,32 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+	if os.Getenv("HOLDFAST_FAULTS_CASE") != "" {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() { // a debugging aid: the keys once B or C is stuck
+			admin := a.Client(t)
+			for f0 := tr.free(); ; {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if tr.free()-f0 > 2*time.Second {
+					pairs, _, _ := admin.KV().List(base+"/", nil)
+					for _, p := range pairs {
+						tr.event("stuck: %s session=%q value=%q", strings.TrimPrefix(p.Key, base), p.Session, p.Value)
+					}
+					ids := map[string]string{}
+					for i, s := range sessions {
+						ids[s.ID()] = string(rune('A' + i))
+					}
+					tr.event("sessions %v", ids)
+					return
+				}
+			}
+		}()
 	}
 	wg.Wait()
 	for _, s := range sessions {

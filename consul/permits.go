@@ -670,6 +670,7 @@ var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.
 // acquisition of ours that uses the name meanwhile replaces any leftover
 // key with its own join.
 func (p *permits) sweepLater() {
+	p.s.abandon(p.leftover()) // and Close sweeps once more, for a join that lands later still
 	p.s.bg.Go(func(ctx context.Context) {
 		for _, d := range sweepDelays {
 			if !sleep(ctx, d) {

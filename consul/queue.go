@@ -1001,7 +1001,7 @@ func (g *lockHold) pass(ctx context.Context) error {
 		ops = append(ops,
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}
-	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVDeleteTree, m.queueKey))
+	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
 	return g.send(ctx, ops, held)
 }
 
@@ -1018,17 +1018,35 @@ func (g *lockHold) alone(ctx context.Context) error {
 	} else {
 		ops = append(ops, deleteCAS(m.tailKey, g.tailIndex))
 	}
-	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVDeleteTree, m.queueKey))
+	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
 	return g.send(ctx, ops, held)
 }
 
 // send runs a release's transaction; ops before held check that we hold
-// the lock key.
+// the lock key. The transaction reads the links under our entry before it
+// deletes them: the anchors on us of the waiters linked there other than
+// the one the lock goes to (a waiter that relinked to us after a read, say)
+// are deleted next, which wakes them, as a leave does (before, they waited
+// on an anchor nobody would delete until our session ended).
 func (g *lockHold) send(ctx context.Context, ops api.TxnOps, held int) error {
-	_, err := g.m.s.txn(ctx, ops)
+	resp, err := g.m.s.txn(ctx, ops)
 	var rb *rollback
 	switch {
 	case err == nil:
+		var wake api.TxnOps
+		for _, r := range resp.Results {
+			if e := r.KV; e != nil && strings.HasPrefix(e.Key, g.m.queueKey+nextInfix) && (g.next == nil || !strings.HasSuffix(e.Key, nextInfix+g.next.session)) {
+				if op := wakeOp(e); op != nil {
+					wake = append(wake, op)
+				}
+			}
+		}
+		if len(wake) > 0 {
+			_ = core.Retry(ctx, func(actx context.Context) error {
+				_, err := g.m.s.txn(actx, wake[:min(len(wake), MaxTxnOps)])
+				return err
+			})
+		}
 		return nil
 	case errors.As(err, &rb) && rb.denied():
 		return txnError("unlock "+g.m.lockKey, rb)

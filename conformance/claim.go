@@ -189,19 +189,19 @@ func recordOnly(run string) func([]string) bool {
 }
 
 // testClaimLate: no period is claimed twice, whatever the delays. A claim
-// is made and released; past AtLeast + ClaimFree (when a claim that only
-// checks that a key is absent would succeed), a late claimer (paused, or
-// held up by a frozen store) claims the same period: refused with
-// holdfast.ErrClaimed. A claim of the next period (an early clock), then,
+// is made and released (AtLeast 0: once per period must not depend on
+// it); past ClaimFree (when a claim that only checks that a key is absent
+// would succeed), a late claimer (paused, or held up by a frozen store)
+// claims the same period: refused with holdfast.ErrClaimed. A claim of the next period (an early clock), then,
 // once released, one of this period: refused (a later period was claimed).
 // A claim of a period already over: refused with holdfast.ErrPeriodOver
 // (which wraps ErrClaimed). Periods of an hour, so that none ends during
 // the property.
 func testClaimLate(s *suite) {
 	sched := s.claimSchedule()
-	sched.Every = time.Hour
+	sched.Every, sched.AtLeast = time.Hour, 0
 	cs, _ := s.claimers(2, sched)
-	ctx, cancel := s.ctx(2*(sched.AtLeast+s.b.ClaimFree) + s.op)
+	ctx, cancel := s.ctx(2*s.b.ClaimFree + s.op)
 	defer cancel()
 	period := sched.Period(time.Now().Add(time.Minute)) // does not end during the property
 	over := sched.Period(time.Now()).Add(-sched.Every)
@@ -237,13 +237,12 @@ func testClaimLate(s *suite) {
 	}
 	first := claimOne(cs[0], period, "first claim of the period")
 	ran := time.Now()
-	time.Sleep(sched.AtLeast + s.b.ClaimFree)
-	refused(cs[1], period, fmt.Sprintf("a claim of the same period %v after the run (AtLeast %v + ClaimFree %v)", time.Since(ran).Round(time.Millisecond), sched.AtLeast, s.b.ClaimFree), holdfast.ErrClaimed)
+	time.Sleep(s.b.ClaimFree)
+	refused(cs[1], period, fmt.Sprintf("a claim of the same period %v after the run (ClaimFree %v)", time.Since(ran).Round(time.Millisecond), s.b.ClaimFree), holdfast.ErrClaimed)
 	next := claimOne(cs[0], period.Add(sched.Every), "a claim of the next period")
 	if next.Token() <= first.Token() {
 		s.t.Errorf("token of the next period's claim %d, want more than %d", next.Token(), first.Token())
 	}
-	time.Sleep(s.b.ClaimFree)
 	refused(cs[1], period, "a claim of this period after the next one's", holdfast.ErrClaimed)
 	refused(cs[1], over, "a claim of a period that is over", holdfast.ErrPeriodOver)
 }

@@ -105,7 +105,7 @@
 //     next period is refused meanwhile), the same period is refused after
 //     the run, the next period's claim succeeds with a higher token, and
 //     the record is the one key left; ClaimLate, no period is claimed
-//     twice whatever the delays: the same period past AtLeast + ClaimFree,
+//     twice whatever the delays: the same period past ClaimFree,
 //     an earlier period after a later one, and a period already over
 //     (ErrPeriodOver) are refused; ClaimAtMost,
 //     a claimant cut off while holding is told (its context ends) before

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -22,14 +23,29 @@ func setParentDeathSignal(a *syscall.SysProcAttr) {
 // replaced or removed since it started.
 func selfExecutable() (string, error) { return "/proc/self/exe", nil }
 
-// foregroundTerminal reports whether fd is a terminal whose foreground
-// process group is holdfast's: then CMD gets the terminal.
-func foregroundTerminal(fd int) bool {
-	if _, err := unix.IoctlGetTermios(fd, unix.TCGETS); err != nil {
+// isTTY reports whether fd is a terminal.
+func isTTY(fd int) bool {
+	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	return err == nil
+}
+
+// underJobControl reports whether holdfast's process group is a job of a
+// shell with job control: its parent is in the same session and another
+// process group. Otherwise (holdfast leads its session: ssh -t, docker
+// run -t, systemd) nobody would resume a stopped holdfast, and the kernel
+// itself ignores terminal stops for such an orphaned group.
+func underJobControl() bool {
+	ppid := os.Getppid()
+	psid, err := unix.Getsid(ppid)
+	if err != nil {
 		return false
 	}
-	pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-	return err == nil && pg == unix.Getpgrp()
+	sid, err := unix.Getsid(0)
+	if err != nil {
+		return false
+	}
+	ppg, err := unix.Getpgid(ppid)
+	return err == nil && psid == sid && ppg != unix.Getpgrp()
 }
 
 // terminalGroup is the foreground process group of the terminal fd, or

@@ -16,8 +16,10 @@ func setParentDeathSignal(*syscall.SysProcAttr) {}
 // selfExecutable is the path this binary was started from.
 func selfExecutable() (string, error) { return os.Executable() }
 
-// foregroundTerminal is false: only on Linux does CMD get the terminal.
-func foregroundTerminal(int) bool { return false }
+// isTTY is false: only on Linux does CMD get the terminal.
+func isTTY(int) bool { return false }
+
+func underJobControl() bool { return false }
 
 func terminalGroup(int) int { return -1 }
 

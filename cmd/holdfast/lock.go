@@ -100,6 +100,8 @@ the terminal: CMD reads it, and Ctrl-C reaches CMD (holdfast then releases
 the lock and exits with CMD's status). Ctrl-Z stops CMD and holdfast as one
 job (so does SIGTSTP to holdfast); fg resumes both, unless the grant expired
 meanwhile: CMD was then killed before its deadline and holdfast exits 122.
+Without a shell's job control (holdfast leads its session: ssh -t), Ctrl-Z
+does nothing.
 
 CMD does not outlive the grant when holdfast cannot act. A guard process
 started beside CMD knows the grant's deadline (holdfast tells it at every
@@ -443,11 +445,14 @@ type policing struct {
 // command SIGTERM, as a signal would.
 func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) (werr, lostCause, err error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	tty := -1
-	if cmd.Stdin == os.Stdin && foregroundTerminal(int(os.Stdin.Fd())) && !mutant.On("cmd/terminal") {
+	tty := -1 // CMD's terminal, if its stdin is holdfast's and a terminal
+	if cmd.Stdin == os.Stdin && isTTY(int(os.Stdin.Fd())) {
 		tty = int(os.Stdin.Fd())
-		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
+		if terminalGroup(tty) == syscall.Getpgrp() && !mutant.On("cmd/terminal") { // holdfast has it: CMD gets it
+			cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
+		}
 	}
+	jobs := tty >= 0 && underJobControl()
 	job := make(chan os.Signal, 4)
 	signal.Notify(job, syscall.SIGTSTP, syscall.SIGCHLD)
 	defer signal.Stop(job)
@@ -527,7 +532,12 @@ wait:
 				_ = syscall.Kill(-pgid, syscall.SIGSTOP)
 				suspend()
 			case tty >= 0 && childStopped(cmd.Process.Pid): // Ctrl-Z, or a read of the terminal in the background
-				suspend()
+				switch {
+				case jobs: // a shell's job: stopped as one, resumed by fg or bg
+					suspend()
+				case terminalGroup(tty) == pgid: // Ctrl-Z with no shell to resume us: it does nothing
+					_ = syscall.Kill(-pgid, syscall.SIGCONT)
+				}
 			}
 		case <-stop: // our caller gave up (in-process use): as a SIGTERM
 			stop = nil

@@ -11,6 +11,7 @@
 //	lock       run a command while holding a lock
 //	once       run a command at most once per period across a fleet (cron)
 //	elect      run a command while leader of an election, or watch an election
+//	shard      run one command per shard this process owns in a group shared by many processes
 //	status     show who holds and who waits for a lock, a semaphore, a read-write lock or an election
 //	dev        run an embedded one-node etcd on 127.0.0.1 for local development
 //	demo       show fencing at work: a paused holder's stale write is rejected
@@ -83,7 +84,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var commands []*command
 
 func init() {
-	commands = []*command{lockCommand, onceCommand, electCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
+	commands = []*command{lockCommand, onceCommand, electCommand, shardCommand, statusCommand, devCommand, demoCommand, benchCommand, soakCommand, versionCommand}
 }
 
 func main() {

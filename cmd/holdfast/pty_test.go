@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,14 +26,15 @@ type shell struct {
 	cmd    *exec.Cmd
 }
 
-// startShell starts bash -i in a new session whose controlling terminal
-// is a new pseudo-terminal, with holdfast on its PATH.
-func startShell(t *testing.T) *shell {
+// openPTY opens a new pseudo-terminal: its master, closed at the end of
+// the test, and its slave.
+func openPTY(t *testing.T) (master, slave *os.File) {
 	t.Helper()
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { m.Close() })
 	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +46,14 @@ func startShell(t *testing.T) *shell {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, s
+}
+
+// startShell starts bash -i in a new session whose controlling terminal
+// is a new pseudo-terminal, with holdfast on its PATH.
+func startShell(t *testing.T) *shell {
+	t.Helper()
+	m, s := openPTY(t)
 	sh := &shell{master: m}
 	sh.cmd = exec.Command("bash", "--norc", "--noprofile", "-i")
 	sh.cmd.Stdin, sh.cmd.Stdout, sh.cmd.Stderr = s, s, s
@@ -59,7 +69,6 @@ func startShell(t *testing.T) *shell {
 	t.Cleanup(func() {
 		_ = sh.cmd.Process.Kill()
 		_ = sh.cmd.Wait()
-		m.Close()
 		<-copied
 	})
 	sh.expect(t, "$ ", 1)
@@ -171,14 +180,14 @@ func TestTerminalJobControl(t *testing.T) {
 
 	sh.typ(t, "\x1a")
 	sh.expect(t, "Stopped", 1)
-	eventually(t, 2*time.Second, "Ctrl-Z did not stop both holdfast and CMD", func() bool { return procState(hf) == "T" && procState(cmd) == "T" })
+	eventually(t, 5*time.Second, "Ctrl-Z did not stop both holdfast and CMD", func() bool { return procState(hf) == "T" && procState(cmd) == "T" })
 	n := count()
 	time.Sleep(300 * time.Millisecond)
 	if count() != n {
 		t.Error("CMD wrote while stopped")
 	}
 	sh.typ(t, "fg\n")
-	eventually(t, 2*time.Second, "fg did not resume CMD", func() bool { return count() > n+2 })
+	eventually(t, 5*time.Second, "fg did not resume CMD", func() bool { return count() > n+2 })
 	if procState(hf) == "T" || len(keysUnder(t, c, "tty/job/")) != 1 {
 		t.Fatalf("after fg: holdfast %s, keys %v: want it running, holding the lock", procState(hf), keysUnder(t, c, "tty/job/"))
 	}
@@ -213,8 +222,15 @@ func TestStopSignalStopsCommand(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "SIGTSTP did not stop both holdfast and CMD", func() bool {
-		return procState(p.cmd.Process.Pid) == "T" && procState(cmd) == "T"
+	var states string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("holdfast's and CMD's states: %s; stderr: %s", states, p.stderr.String())
+		}
+	})
+	eventually(t, 5*time.Second, "SIGTSTP did not stop both holdfast and CMD", func() bool {
+		states = procState(p.cmd.Process.Pid) + procState(cmd)
+		return states == "TT"
 	})
 	n := count()
 	time.Sleep(300 * time.Millisecond)
@@ -224,8 +240,67 @@ func TestStopSignalStopsCommand(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "SIGCONT did not resume CMD", func() bool { return count() > n+2 })
+	eventually(t, 5*time.Second, "SIGCONT did not resume CMD", func() bool { return count() > n+2 })
 	if s := procState(p.cmd.Process.Pid); s == "T" {
 		t.Errorf("holdfast still stopped (%s)", s)
+	}
+}
+
+// TestTerminalNoJobControl: holdfast leading its own session on a
+// terminal (ssh -t, docker run -t: no shell to resume a stopped job),
+// Ctrl-Z does nothing (as the kernel does for such a process group):
+// CMD runs on and holdfast keeps the lock; Ctrl-C ends CMD, and holdfast
+// exits 130. Stopping itself, holdfast would wait for ever for an fg
+// nobody can type.
+func TestTerminalNoJobControl(t *testing.T) {
+	e := etcdtest.Etcd(t)
+	m, s := openPTY(t)
+	dir := t.TempDir()
+	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
+	p := &proc{done: make(chan struct{})}
+	p.cmd = exec.Command(holdfastBin(t), "lock", "--endpoints", e.Endpoints()[0], "tty/nojobs", "--", "sh", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = s, s, s
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	var out syncBuffer
+	go func() { _, _ = io.Copy(&out, m) }()
+	waited := make(chan int, 1)
+	go func() {
+		err := p.cmd.Wait()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		}
+		waited <- code
+	}()
+	t.Cleanup(func() { _ = p.cmd.Process.Kill() })
+	cmd, hf := cmdPids(t, pidfile)
+	count := func() int { _, n := lastStamp(t, beats); return n }
+	eventually(t, 5*time.Second, "no heartbeat", func() bool { return count() > 0 })
+	if _, err := m.WriteString("\x1a"); err != nil {
+		t.Fatal(err)
+	}
+	n := count()
+	eventually(t, 5*time.Second, "CMD does not run on after Ctrl-Z", func() bool { return count() > n+10 })
+	if procState(hf) == "T" || procState(cmd) == "T" {
+		t.Fatalf("after Ctrl-Z: holdfast %s, CMD %s: want both running", procState(hf), procState(cmd))
+	}
+	if _, err := m.WriteString("\x03"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-waited:
+		if code != 130 {
+			t.Errorf("holdfast exited %d after Ctrl-C, want 130; terminal: %s", code, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("holdfast runs on after Ctrl-C; terminal: %s", out.String())
+	}
+	if keys := keysUnder(t, e.Client(t), "tty/nojobs/"); len(keys) != 0 {
+		t.Errorf("keys %v left, want the lock released", keys)
 	}
 }

@@ -15,7 +15,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
+	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
+
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // TestGettingStarted runs the README's "Getting started" as a new user
 // would, in a temporary directory: its first shell block (the clone being a

@@ -50,11 +50,14 @@ itself while its shard is held is started again after a second.
 CMD's stdin is closed; its stdout and stderr are holdfast's. holdfast says on
 stderr when it starts and stops each shard's CMD.
 
-Exit status: 0 after SIGINT or SIGTERM (every CMD stopped, every shard
-released, the member gone); 122 if the session was lost (every CMD was
-stopped); 125 if holdfast itself failed (store unreachable, a conflict with
-another primitive or with members running other shards: see the message); 2
-for a usage error.`,
+Exit status:
+  0               stopped by SIGINT or SIGTERM: every CMD stopped, every
+                  shard released, the member gone
+  2               a usage or input error, found before any request
+  122             the session was lost; every CMD was stopped
+  125             holdfast failed: the store unreachable, a conflict with
+                  another primitive or with members running other shards
+                  (see the message)`,
 	flags: shardFlags,
 }
 

@@ -286,3 +286,58 @@ func TestDeadKeysUnderName(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadHolderLeftovers (issue 25, defect 6b's state): S was handed the
+// lock, then its session ended while S could not reach Consul (a 60 s
+// freeze: its process gave up and exited), so its entry, held mark and the
+// link behind it stay, freed. They refuse nobody: the next contender takes
+// the lock, drops them, and once it unlocks nothing is left.
+func TestDeadHolderLeftovers(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	p, pc := proxied(t, a)
+	ss := newSession(t, pc, WithLockDelay(0))
+	t.Cleanup(p.Mend) // before ss.Close
+	s := newMutex(t, ss, name)
+	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+	ctx := timeout(t, 20*time.Second)
+	hg, err := h.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sres := queueUp(t, admin, s, ctx)
+	linked(t, admin, h, s)
+	if err := hg.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, sres, 5*time.Second, "S")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	wres := queueUp(t, admin, w, ctx)
+	linked(t, admin, s, w)
+	p.Blackhole()
+	destroy(t, admin, ss.ID()) // Consul invalidates S's session; S cannot clean up
+	select {
+	case r := <-wres:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if err := r.g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("W still waits 5 s after S's session ended: keys %v", keys(t, admin, name))
+	}
+	n, err := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name).Lock(ctx)
+	if err != nil {
+		t.Fatalf("a new Lock after S's death: %v", err)
+	}
+	if err := n.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}

@@ -617,6 +617,14 @@ func (s *Session) close() error {
 	})
 	if derr != nil {
 		errs = append(errs, apiError("destroy session "+s.id, derr))
+	} else {
+		// A request of a failed acquisition may have landed between the
+		// cleanup above and the destroy (one that lands later fails: the
+		// session is gone): what it made stays, freed, with Behavior
+		// release. Remove it once more (best effort).
+		for _, l := range left {
+			_ = s.clean(ctx, l)
+		}
 	}
 	if s.owned != nil {
 		s.owned.CloseIdleConnections()

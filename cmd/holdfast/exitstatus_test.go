@@ -20,7 +20,7 @@ import (
 )
 
 // TestExitStatusTableAgrees: the exit status table of every command that
-// runs something or reads a store (lock, elect, once, status) lists the
+// runs something or reads a store (lock, elect, once, status, shard) lists the
 // rows of the README's table that name the command, no more, no fewer; the
 // README's default bound is status's.
 func TestExitStatusTableAgrees(t *testing.T) {
@@ -43,7 +43,7 @@ func TestExitStatusTableAgrees(t *testing.T) {
 			md[m[1]] = append(md[m[1]], status)
 		}
 	}
-	for _, c := range []*command{lockCommand, electCommand, onceCommand, statusCommand} {
+	for _, c := range []*command{lockCommand, electCommand, onceCommand, statusCommand, shardCommand} {
 		help := helpStatuses(t, c)
 		if !slices.Equal(help, md[c.name]) {
 			t.Errorf("%s --help lists the exit statuses %q, the README's table %q", c.name, help, md[c.name])

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -18,7 +19,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/holdfast/holdfast"
+	hfconsul "github.com/holdfast/holdfast/consul"
 	"github.com/holdfast/holdfast/embedtest"
+	hfetcd "github.com/holdfast/holdfast/etcd"
 )
 
 // onceFrozen is the claims' fault run: 4 replicas (holdfast once
@@ -300,4 +304,119 @@ func startEtcdProcess(t *testing.T) (string, int) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// claimFrozen is issue 25's defect 3 made deterministic: 4 claimants of
+// one period (periods of an hour, AtLeast 1 s); the first claims it, then
+// the store's process is stopped, and while it is the 3 others claim the
+// same period (their period was fixed before) and the first ends its run;
+// AtLeast passes during the 3 s freeze. After the thaw every late claim
+// must be refused with holdfast.ErrClaimed, whatever order the store
+// serves them in (before the record, the first's release deleted the
+// claim and a late claim took the period again).
+func claimFrozen(t *testing.T, claimers []conformanceClaimer, freeze, thaw func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	period := time.Now().Add(time.Minute).Truncate(time.Hour) // does not end during the test
+	first, err := claimers[0].ClaimPeriod(ctx, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeze()
+	thawed := false
+	defer func() {
+		if !thawed {
+			thaw()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, len(claimers))
+	wg.Go(func() { errs[0] = first.Unlock(ctx) })
+	for i := 1; i < len(claimers); i++ {
+		wg.Go(func() {
+			g, err := claimers[i].ClaimPeriod(ctx, period)
+			if err == nil {
+				err = fmt.Errorf("claimed the period again, token %d (the first's %d)", g.Token(), first.Token())
+				_ = g.Unlock(ctx)
+			} else if errors.Is(err, holdfast.ErrClaimed) {
+				err = nil
+			}
+			errs[i] = err
+		})
+	}
+	time.Sleep(3 * time.Second)
+	thaw()
+	thawed = true
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("claimant %d: %v", i, err)
+		}
+	}
+}
+
+// conformanceClaimer is what claimFrozen needs of a claim.
+type conformanceClaimer interface {
+	ClaimPeriod(ctx context.Context, period time.Time) (holdfast.Grant, error)
+}
+
+type etcdClaimer struct{ o *hfetcd.Once }
+
+func (c etcdClaimer) ClaimPeriod(ctx context.Context, p time.Time) (holdfast.Grant, error) {
+	return grantOf(c.o.ClaimPeriod(ctx, p))
+}
+
+type consulClaimer struct{ o *hfconsul.Once }
+
+func (c consulClaimer) ClaimPeriod(ctx context.Context, p time.Time) (holdfast.Grant, error) {
+	return grantOf(c.o.ClaimPeriod(ctx, p))
+}
+
+// TestClaimFrozenEtcd: claimFrozen on etcd 3.4 (its own process).
+func TestClaimFrozenEtcd(t *testing.T) {
+	ep, pid := startEtcdProcess(t)
+	sched := holdfast.Schedule{Every: time.Hour, AtLeast: time.Second, AtMost: 10 * time.Second}
+	var cs []conformanceClaimer
+	for range 4 {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		s, err := hfetcd.NewSession(context.Background(), cli, hfetcd.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		o, err := hfetcd.NewOnce(s, "jobs/frozen-claim", sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, etcdClaimer{o})
+	}
+	claimFrozen(t, cs, func() { _ = syscall.Kill(pid, syscall.SIGSTOP) }, func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+}
+
+// TestClaimFrozenConsul: claimFrozen on a Consul server.
+func TestClaimFrozenConsul(t *testing.T) {
+	c := embedtest.ConsulServers(t, 1)
+	sched := holdfast.Schedule{Every: time.Hour, AtLeast: time.Second, AtMost: 30 * time.Second}
+	var cs []conformanceClaimer
+	for range 4 {
+		cli, err := c.NewClient(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := hfconsul.NewSession(context.Background(), cli, hfconsul.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		o, err := hfconsul.NewOnce(s, "jobs/frozen-claim", sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, consulClaimer{o})
+	}
+	claimFrozen(t, cs, func() { _ = c.Freeze(0) }, func() { _ = c.Thaw(0) })
 }

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -46,11 +50,14 @@ itself while its shard is held is started again after a second.
 CMD's stdin is closed; its stdout and stderr are holdfast's. holdfast says on
 stderr when it starts and stops each shard's CMD.
 
-Exit status: 0 after SIGINT or SIGTERM (every CMD stopped, every shard
-released, the member gone); 122 if the session was lost (every CMD was
-stopped); 125 if holdfast itself failed (store unreachable, a conflict with
-another primitive or with members running other shards: see the message); 2
-for a usage error.`,
+Exit status:
+  0               stopped by SIGINT or SIGTERM: every CMD stopped, every
+                  shard released, the member gone
+  2               a usage or input error, found before any request
+  122             the session was lost; every CMD was stopped
+  125             holdfast failed: the store unreachable, a conflict with
+                  another primitive or with members running other shards
+                  (see the message)`,
 	flags: shardFlags,
 }
 
@@ -191,4 +198,94 @@ func exitText(werr error) string {
 		return "status 0"
 	}
 	return werr.Error()
+}
+
+// shardGroupView is what status prints of a shard group (the JSON of
+// --json).
+type shardGroupView struct {
+	Backend string            `json:"backend"`
+	Name    string            `json:"name"`
+	Kind    string            `json:"kind"` // "shard group"
+	Members []shardMemberView `json:"members"`
+	Shards  []shardView       `json:"shards"`
+}
+
+type shardMemberView struct {
+	ID     string `json:"id"` // the session: etcd lease ID in hex, Consul session ID
+	Name   string `json:"name,omitempty"`
+	Shards int    `json:"shards"` // how many it owns
+}
+
+type shardView struct {
+	Shard   string   `json:"shard"`
+	Owner   string   `json:"owner,omitempty"` // a member's ID, "" if free
+	Token   uint64   `json:"token,omitempty"`
+	Waiters []string `json:"waiters"`
+}
+
+// printShardGroup prints NAME as a shard group if st (NAME's state as a
+// lock, semaphore...) shows no primitive and members of a shard group are
+// there; it reports whether it did.
+func printShardGroup(ctx context.Context, r reader, w io.Writer, backend string, st *holdfast.State, asJSON bool) (bool, error) {
+	if st.Kind != holdfast.KindUnknown {
+		return false, nil
+	}
+	var gs *shard.State
+	var err error
+	switch r := r.(type) {
+	case etcdReader:
+		gs, err = shard.InspectEtcd(ctx, r.c, st.Name)
+	case consulReader:
+		gs, err = shard.InspectConsul(ctx, r.c, st.Name)
+	default:
+		return false, nil
+	}
+	if err != nil || len(gs.Members) == 0 {
+		return false, err
+	}
+	v := shardGroupView{Backend: backend, Name: gs.Name, Kind: "shard group", Members: []shardMemberView{}, Shards: []shardView{}}
+	names := map[string]string{}
+	for _, m := range gs.Members {
+		v.Members = append(v.Members, shardMemberView{ID: m.ID, Name: m.Name, Shards: m.Shards})
+		names[m.ID] = m.Name
+	}
+	for _, s := range gs.Shards {
+		v.Shards = append(v.Shards, shardView{Shard: s.Shard.Name, Owner: s.Owner, Token: uint64(s.Token), Waiters: append([]string{}, s.Waiters...)})
+	}
+	if asJSON {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return true, err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return true, err
+	}
+	who := func(id string) string {
+		if id == "" {
+			return "-"
+		}
+		if n := names[id]; n != "" {
+			return id + " (" + n + ")"
+		}
+		return id
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "%s: shard group on %s, %d shards, %d members\n", v.Name, backend, len(v.Shards), len(v.Members))
+	fmt.Fprintln(tw, "MEMBER\tNAME\tSHARDS")
+	for _, m := range v.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%d\n", m.ID, m.Name, m.Shards)
+	}
+	fmt.Fprintln(tw, "SHARD\tOWNER\tTOKEN\tWAITERS")
+	for _, s := range v.Shards {
+		var ws []string
+		for _, id := range s.Waiters {
+			ws = append(ws, who(id))
+		}
+		tok := "-"
+		if s.Token != 0 {
+			tok = strconv.FormatUint(s.Token, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Shard, who(s.Owner), tok, strings.Join(ws, ", "))
+	}
+	return true, tw.Flush()
 }

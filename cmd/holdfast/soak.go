@@ -43,7 +43,10 @@ The checkers: the fence never accepted a lower token after a higher one;
 the history of grants and fenced writes is linearizable against a fenced
 mutex (porcupine); no client was granted a token while an older grant was
 still live elsewhere (grants ended from outside excepted; for the semaphore,
-no more than 2 live grants); no key is left. The summary counts faults per
+no more than 2 live grants); no key is left; the lock was never free
+while a client waited in Lock for more than 1 s, or, near a fault that
+can end a session, the fault + the store's expiry of a session (etcd: TTL;
+Consul: 2 x TTL) + lock-delay + 1 s (liveness). The summary counts faults per
 kind, operations, fenced writes accepted and rejected, violations per
 checker, how many grants a fault ended, and for those the worst time from
 the fault to the holder's grant context being done (fault-to-notice) and to

@@ -39,6 +39,8 @@ wrote them (an election's proposals), and whether holdfast or a native client
 (etcdctl lock/elect, concurrency.Mutex, consul lock [-n], api.Lock,
 api.Semaphore) wrote each key: "unknown" where both write the same (an
 election's leader). holdfast's own bookkeeping keys and values are not shown.
+For a shard group (holdfast shard, package shard) it shows the members, and
+per shard its owner, token and waiters.
 
 A lock's and an election's keys have the same layout: status reads keys with
 values as an election's; --kind lock or --kind election says which to show.
@@ -96,8 +98,14 @@ func statusFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if k := holdfast.Kind(*kind); k != "auto" && (st.Kind == holdfast.KindLock || st.Kind == holdfast.KindElection) {
 				st.Kind = k
 			}
-			if err := p.print(newView(*sf.backend, st)); err != nil {
-				return err
+			shown, err := printShardGroup(ctx, r, e.stdout, *sf.backend, st, *jsonOut)
+			if err != nil {
+				return explain(err, name, sf.describe())
+			}
+			if !shown {
+				if err := p.print(newView(*sf.backend, st)); err != nil {
+					return err
+				}
 			}
 			if !*watch {
 				return nil

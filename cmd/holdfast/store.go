@@ -43,6 +43,12 @@ type storeFlags struct {
 	// --log), not flags of their own.
 	observers []holdfast.Observer
 	logger    *slog.Logger
+
+	// opened: a session was opened before (elect --loop opens another
+	// after a loss); a refused port then gets etcd's usual connect
+	// timeout, time for a restarting store to come back, not a failure at
+	// once (failFastRefused).
+	opened bool
 }
 
 // addStoreFlags declares the store flags on fs. Defaults come from the
@@ -124,12 +130,18 @@ func (f *storeFlags) open(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		var s *hfetcd.Session
-		if err := failFastRefused(ctx, eps, func(ctx context.Context) (err error) {
+		direct := func(ctx context.Context) (err error) {
 			s, err = hfetcd.Dial(ctx, eps, opts...)
 			return err
-		}); err != nil {
+		}
+		dial := direct
+		if !f.opened {
+			dial = func(ctx context.Context) error { return failFastRefused(ctx, eps, direct) }
+		}
+		if err := dial(ctx); err != nil {
 			return nil, err
 		}
+		f.opened = true
 		return &session{backend: "etcd", etcd: s}, nil
 	case "consul":
 		sec, err := f.secure()

@@ -18,6 +18,12 @@
 //     reports success was not called after a grant of a higher token had
 //     returned: a holder superseded without hearing of it (its key deleted
 //     from outside while its connection was frozen) must get ErrNotHeld.
+//   - Liveness (CheckLiveness): every interval in which fewer grants than
+//     the limit were live while a client waited in Lock (the lock free
+//     while a live contender waited), its longest and its sum, each
+//     attributed to the nearest fault; an interval fails the run beyond
+//     1 s, or near a fault that can end a session, beyond the fault's part
+//     plus the store's expiry of a session, lock-delay and 1 s.
 //   - Clean: after the clients stop, no key is left under the test's
 //     prefixes and no goroutine leaks (the tests check these).
 //

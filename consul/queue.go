@@ -966,12 +966,17 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 }
 
 // drop releases the lock key without handing it over, and leaves the queue
-// (after a loss, or as the session closes).
+// (after a loss, or as the session closes). A lock key that our ended
+// session left free (Behavior release) is deleted as a failed acquisition's
+// cleanup does (see Session.clean): nobody else would.
 func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 	err := g.m.s.releaseKey(ctx, g.m.lockKey)
-	_, lerr := g.m.leave(ctx)
+	e, lerr := g.m.leave(ctx)
 	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
 		return lerr
+	}
+	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
+		_, _ = g.m.s.txn(ctx, api.TxnOps{deleteCAS(g.m.lockKey, e.ModifyIndex)})
 	}
 	return err
 }

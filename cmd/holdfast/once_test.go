@@ -163,9 +163,7 @@ func TestOnceTicks(t *testing.T) {
 
 // TestOnceTicksConsul: onceTicks on Consul, every 5 s, at least 1 s, at
 // most 20 s (Consul's floor: the killed claim blocks about 4 ticks). The
-// job runs 1.2 s, past --at-least: a claim released before --at-least by a
-// holdfast that then exits stays until Consul expires its keeping session,
-// 10 to 20 s later (its shortest TTL), which would block the next ticks.
+// job runs 1.2 s.
 func TestOnceTicksConsul(t *testing.T) {
 	holdfastBin(t)
 	a := embedtest.Consul(t)

@@ -15,7 +15,7 @@ PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 # run without this tag; nothing else depends on it.
 TESTTAGS := holdfast_testhooks
 
-.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz faults once-soak faults
+.PHONY: test consul lint tidy demo bench bench-docs bench-plots mutants conformance-full fuzz faults once-soak
 
 test: consul
 	./scripts/modgraph.sh

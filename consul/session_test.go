@@ -262,3 +262,34 @@ func TestDial(t *testing.T) {
 		t.Errorf("Dial(nil): %v", err)
 	}
 }
+
+// TestLostHolderLeavesNothing: a lone holder whose session ends (destroyed
+// here, as Consul invalidates an expired one) leaves no key behind once its
+// Session is closed: its entry, held mark and tail key, and the lock key,
+// which Behavior release leaves free (before, the lock key stayed, free,
+// after the holder's process exited: seen with a `holdfast lock` paused past
+// its session's expiry).
+func TestLostHolderLeavesNothing(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	s := newSession(t, a.Client(t), WithLockDelay(0))
+	g, err := newMutex(t, s, name).Lock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the watch's blocking query is in place
+	destroy(t, admin, s.ID())
+	select {
+	case <-g.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("grant live 5 s after its session was destroyed")
+	}
+	if err := s.Close(); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	if ks := keys(t, admin, name); len(ks) != 0 {
+		t.Errorf("keys left after the lost holder's Close: %q", ks)
+	}
+}

@@ -53,7 +53,7 @@ consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
 cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand
 cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
 cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand
-cmd/terminal|./cmd/holdfast/|TestTerminalRead
+cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate

@@ -18,6 +18,11 @@ import (
 	"github.com/holdfast/holdfast/embedtest/etcdtest"
 )
 
+// The commands that must stop on Ctrl-Z are bash scripts: dash vforks,
+// and a dash whose vfork child is stopped before its exec waits for it in
+// state D and never stops (a job of bash itself would not be reported
+// stopped either).
+
 // shell is an interactive bash on a pseudo-terminal, as a user's: holdfast
 // typed at its prompt runs as a job in the terminal's foreground.
 type shell struct {
@@ -86,9 +91,13 @@ func (sh *shell) typ(t *testing.T, s string) {
 // expect waits until the terminal has shown s n times.
 func (sh *shell) expect(t *testing.T, s string, n int) {
 	t.Helper()
-	eventually(t, 15*time.Second, fmt.Sprintf("the terminal did not show %q %d times; it shows:\n%s", s, n, sh.out.String()), func() bool {
-		return strings.Count(sh.out.String(), s) >= n
-	})
+	deadline := time.Now().Add(15 * time.Second)
+	for strings.Count(sh.out.String(), s) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal did not show %q %d times in 15 s; it shows:\n%s", s, n, sh.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // procState is the state letter of pid in /proc (R, S, T...), or "" if
@@ -136,17 +145,16 @@ func cmdPids(t *testing.T, path string) (cmd, holdfast int) {
 	return cmd, holdfast
 }
 
-// TestTerminalRead: holdfast run from an interactive shell gives CMD the
+// termRead: holdfast run from an interactive shell gives CMD the
 // terminal: CMD reads the line typed, and Ctrl-C ends it, holdfast
 // releasing the lock and exiting with CMD's status (130). Before, CMD's
 // read stopped it (SIGTTIN: not the terminal's foreground group) holding
 // the lock for ever, and Ctrl-C reached holdfast only.
-func TestTerminalRead(t *testing.T) {
-	e := etcdtest.Etcd(t)
+func termRead(t *testing.T, e *etcdtest.Cluster) {
 	c := e.Client(t)
 	sh := startShell(t)
 	pidfile := filepath.Join(t.TempDir(), "pid")
-	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s tty/read -- sh -c 'echo $$ > "$1"; read x; echo "got:$x"; sleep 30' sh %s`+"\n", e.Endpoints()[0], pidfile))
+	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s tty/read -- bash -c 'echo $$ > "$1"; read x; echo "got:$x"; sleep 30' sh %s`+"\n", e.Endpoints()[0], pidfile))
 	_, hf := cmdPids(t, pidfile)
 	if keys := keysUnder(t, c, "tty/read/"); len(keys) != 1 {
 		t.Fatalf("keys %v, want the holder's", keys)
@@ -154,7 +162,12 @@ func TestTerminalRead(t *testing.T) {
 	sh.typ(t, "hello\n")
 	sh.expect(t, "got:hello", 1)
 	sh.typ(t, "\x03")
-	eventually(t, 5*time.Second, "holdfast runs on after Ctrl-C", func() bool { return !running(hf) })
+	cmd := 0
+	if b, err := os.ReadFile(pidfile); err == nil {
+		cmd, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	fg, _ := unix.IoctlGetInt(int(sh.master.Fd()), unix.TIOCGPGRP)
+	eventually(t, 5*time.Second, fmt.Sprintf("holdfast runs on after Ctrl-C (holdfast %d %s, CMD %d %s, the terminal's group %d; terminal: %q)", hf, procState(hf), cmd, procState(cmd), fg, sh.out.String()), func() bool { return !running(hf) })
 	if keys := keysUnder(t, c, "tty/read/"); len(keys) != 0 {
 		t.Errorf("keys %v left after Ctrl-C, want the lock released", keys)
 	}
@@ -162,18 +175,17 @@ func TestTerminalRead(t *testing.T) {
 	sh.expect(t, "rc=130", 1)
 }
 
-// TestTerminalJobControl: Ctrl-Z stops CMD and holdfast as one job; fg
+// termJobControl: Ctrl-Z stops CMD and holdfast as one job; fg
 // resumes both while the grant lasts. Stopped for longer than the TTL,
 // CMD is killed by the guard before the grant's deadline, and fg reports
 // the loss (122).
-func TestTerminalJobControl(t *testing.T) {
-	e := etcdtest.Etcd(t)
+func termJobControl(t *testing.T, e *etcdtest.Cluster) {
 	c := e.Client(t)
 	sh := startShell(t)
 	dir := t.TempDir()
 	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
 	const ttl = 2 * time.Second
-	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s --ttl %v tty/job -- sh -c 'echo $$ > "$1"; %s' sh %s`+"\n", e.Endpoints()[0], ttl, strings.ReplaceAll(heartbeat, "$1", beats), pidfile))
+	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s --ttl %v tty/job -- bash -c 'echo $$ > "$1"; %s' sh %s`+"\n", e.Endpoints()[0], ttl, strings.ReplaceAll(heartbeat, "$1", beats), pidfile))
 	cmd, hf := cmdPids(t, pidfile)
 	count := func() int { _, n := lastStamp(t, beats); return n }
 	eventually(t, 5*time.Second, "no heartbeat", func() bool { return count() > 0 })
@@ -208,14 +220,13 @@ func TestTerminalJobControl(t *testing.T) {
 	}
 }
 
-// TestStopSignalStopsCommand: SIGTSTP to holdfast (no terminal) stops
+// termStopSignal: SIGTSTP to holdfast (no terminal) stops
 // CMD with it, and SIGCONT resumes both. Before, holdfast stopped alone
 // and CMD ran on.
-func TestStopSignalStopsCommand(t *testing.T) {
-	e := etcdtest.Etcd(t)
+func termStopSignal(t *testing.T, e *etcdtest.Cluster) {
 	dir := t.TempDir()
 	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
-	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "tstp", "--", "sh", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
+	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "tstp", "--", "bash", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
 	cmd, _ := cmdPids(t, pidfile)
 	count := func() int { _, n := lastStamp(t, beats); return n }
 	eventually(t, 5*time.Second, "no heartbeat", func() bool { return count() > 0 })
@@ -246,19 +257,18 @@ func TestStopSignalStopsCommand(t *testing.T) {
 	}
 }
 
-// TestTerminalNoJobControl: holdfast leading its own session on a
+// termNoJobControl: holdfast leading its own session on a
 // terminal (ssh -t, docker run -t: no shell to resume a stopped job),
 // Ctrl-Z does nothing (as the kernel does for such a process group):
 // CMD runs on and holdfast keeps the lock; Ctrl-C ends CMD, and holdfast
 // exits 130. Stopping itself, holdfast would wait for ever for an fg
 // nobody can type.
-func TestTerminalNoJobControl(t *testing.T) {
-	e := etcdtest.Etcd(t)
+func termNoJobControl(t *testing.T, e *etcdtest.Cluster) {
 	m, s := openPTY(t)
 	dir := t.TempDir()
 	pidfile, beats := filepath.Join(dir, "pid"), filepath.Join(dir, "beats")
 	p := &proc{done: make(chan struct{})}
-	p.cmd = exec.Command(holdfastBin(t), "lock", "--endpoints", e.Endpoints()[0], "tty/nojobs", "--", "sh", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
+	p.cmd = exec.Command(holdfastBin(t), "lock", "--endpoints", e.Endpoints()[0], "tty/nojobs", "--", "bash", "-c", `echo $$ > "$2"; `+heartbeat, "sh", beats, pidfile)
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = s, s, s
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := p.cmd.Start(); err != nil {
@@ -302,5 +312,41 @@ func TestTerminalNoJobControl(t *testing.T) {
 	}
 	if keys := keysUnder(t, e.Client(t), "tty/nojobs/"); len(keys) != 0 {
 		t.Errorf("keys %v left, want the lock released", keys)
+	}
+}
+
+// termBackground: started in the background (&), a CMD that reads
+// the terminal stops (SIGTTIN) and holdfast with it, as one stopped job;
+// fg hands CMD the terminal, and it reads the line typed.
+func termBackground(t *testing.T, e *etcdtest.Cluster) {
+	sh := startShell(t)
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s tty/bg -- sh -c 'echo $$ > "$1"; read x; echo "got:$x"' sh %s &`+"\n", e.Endpoints()[0], pidfile))
+	cmd, hf := cmdPids(t, pidfile)
+	eventually(t, 5*time.Second, "the job did not stop", func() bool { return procState(hf) == "T" && procState(cmd) == "T" })
+	sh.typ(t, "\n") // bash reports a background job's change at its next prompt
+	sh.expect(t, "Stopped", 1)
+	sh.typ(t, "fg\n")
+	eventually(t, 5*time.Second, "fg did not resume both", func() bool { return procState(hf) != "T" && procState(cmd) != "T" })
+	sh.typ(t, "hello\n")
+	sh.expect(t, "got:hello", 1)
+	eventually(t, 5*time.Second, "holdfast runs on after CMD's end", func() bool { return !running(hf) })
+	sh.typ(t, `echo "rc=$?"`+"\n")
+	sh.expect(t, "rc=0", 1)
+}
+
+// TestTerminal: the terminal and job control cases, on one etcd (see
+// each function).
+func TestTerminal(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, *etcdtest.Cluster)
+	}{
+		{"Read", termRead}, {"JobControl", termJobControl}, {"StopSignal", termStopSignal},
+		{"NoJobControl", termNoJobControl}, {"Background", termBackground},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.run(t, e) })
 	}
 }

@@ -72,6 +72,15 @@ var ftPrims = []ftPrim{
 		if i%2 == 1 {
 			return grantOf(m.RLock), grantOf(m.TryRLock), true
 		}
+		if i == 0 { // the first holder downgrades, then releases its read grant
+			return func(ctx context.Context) (ftGrant, error) {
+				g, err := m.Lock(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return downgrading{g, m}, nil
+			}, grantOf(m.TryLock), false
+		}
 		return grantOf(m.Lock), grantOf(m.TryLock), false
 	}},
 	{name: "election", limit: 1, lock: func(t *testing.T, s *etcd.Session, name string, i int) (lock, try func(context.Context) (ftGrant, error), reader bool) {
@@ -91,6 +100,21 @@ var ftPrims = []ftPrim{
 		}
 		return grantOf(m.Lock), grantOf(m.TryLock), false
 	}},
+}
+
+// downgrading is a write grant whose Unlock downgrades it and releases the
+// read grant.
+type downgrading struct {
+	*etcd.Grant
+	rw *etcd.RWMutex
+}
+
+func (d downgrading) Unlock(ctx context.Context) error {
+	r, err := d.rw.Downgrade(ctx, d.Grant)
+	if err != nil {
+		return err
+	}
+	return r.Unlock(ctx)
 }
 
 func grantOf[G ftGrant](f func(context.Context) (G, error)) func(context.Context) (ftGrant, error) {
@@ -420,8 +444,10 @@ var ftKinds = map[string]map[string]string{
 		"Range(prefix)": "take (TryLock's count)", kRelease: "release, or leave after giving up", kWatch: "watch the prefix / the grant",
 		kKeepAlive: "renew", kRevoke: "close the session"},
 	"rwmutex": {"Txn(if createEQ then [get,get,get,get,get,get,put] else [get])": "queue up to write",
-		"Txn(if createEQ then [get,get,get,get,put] else [get])": "queue up to read",
-		"Txn(if createEQ* then [put] else [get,get,get,get])":    "take to write (TryLock)",
+		"Txn(if createEQ then [get,get,get,get,put] else [get])":                                                   "queue up to read",
+		"Txn(if createEQ* then [put] else [get,get,get,get])":                                                      "take to write (TryLock)",
+		"Txn(if createEQ then [put] else [])":                                                                      "downgrade (the marker)",
+		"Txn(if createEQ then [del,txn(if valueEQ then [del] else [])] else [txn(if valueEQ then [del] else [])])": "release a downgraded grant (and its marker)",
 		kRelease: "release, or leave after giving up", kWatch: "watch the prefix / the grant", kKeepAlive: "renew", kRevoke: "close the session"},
 	"election": {"Txn(if createEQ then [get,get,txn(if createEQ* then [put] else [put])] else [get])": "campaign (join)",
 		"Txn(if createEQ then [txn(if createGR* then [put] else [get,get])] else [])": "read after a wake-up, taking office",

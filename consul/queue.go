@@ -557,6 +557,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	ops := api.TxnOps{
 		kvOp(api.KVGetOrEmpty, m.tailKey),
 		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
+		kvOp(api.KVGetTree, m.queueKey+"/"),
 		kvOp(api.KVDeleteTree, m.queueKey),
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 		kvOp(api.KVGetOrEmpty, m.lockKey),
@@ -580,6 +581,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 		return nil, err
 	}
 	var tail, me, lock *api.KVPair
+	var wake api.TxnOps // what wakes those linked behind a leftover entry of ours
 	for _, r := range resp.Results {
 		switch e := r.KV; {
 		case e == nil:
@@ -589,6 +591,10 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 			me = e
 		case e.Key == m.lockKey && e.ModifyIndex != 0:
 			lock = e
+		case strings.HasPrefix(e.Key, m.queueKey+"/"):
+			if op := wakeOp(e); op != nil {
+				wake = append(wake, op)
+			}
 		}
 	}
 	if me == nil {
@@ -606,6 +612,21 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 		a.lost = p.session == m.s.id
 	} else if tail != nil && tail.ModifyIndex != 0 {
 		a.lost = true // a tail we cannot read
+	}
+	if lock != nil && lock.Session == m.s.id && !a.handedToUs(lock) {
+		// A handoff to a leftover entry of ours (a request of a failed
+		// acquisition that landed after its cleanup): no grant of ours
+		// holds it (we hold the name in-process), so release it, and
+		// read the queue again.
+		if err := m.s.releaseKey(ctx, m.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+			return nil, err
+		}
+		lock, a.lost = nil, true
+	}
+	if len(wake) > 0 {
+		if _, err := m.s.txn(ctx, wake[:min(len(wake), MaxTxnOps)]); err != nil {
+			return nil, err
+		}
 	}
 	return lock, nil
 }

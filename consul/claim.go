@@ -183,7 +183,8 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
-// no health checks.
+// no health checks; a creation Consul refused without applying it is sent
+// again (as the holdfast session's), within ctx.
 func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	body := map[string]any{
 		"Name":       "holdfast claim " + o.name,
@@ -195,7 +196,12 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var out struct{ ID string }
-	if _, err := o.s.client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx)); err != nil {
+	var err error
+	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
+		_, err = o.s.client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
+		return err
+	})
+	if err != nil {
 		return "", apiError("create claim session", err)
 	}
 	if out.ID == "" {

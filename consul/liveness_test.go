@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -340,4 +341,53 @@ func TestDeadHolderLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Second, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}
+
+// TestDeadEntryDroppedAfterRefusal: S holds, W waits linked behind it; S is
+// cut off (as by a partition, or kill -9) and its session ends (destroyed
+// here, as Consul expires it: Behavior release leaves S's entry and held
+// mark, free). W meets them as dead, and its request that deletes them is
+// refused once. W is granted, and S's dead keys are gone within the cleanup
+// bound all the same. Before, the deletion was tried once: S's entry and
+// held mark stayed for good, since the queue is not read again on the way
+// to the lock (seen as keys_left=[<name>/.queue/<S> <name>/.queue/<S>/held]
+// by TestConsulMutexUnderFaults).
+func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	px, sc := proxied(t, a)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	wc, ft := faultClient(t, a)
+	w := newMutex(t, newSession(t, wc, WithLockDelay(0)), name)
+	if _, err := s.Lock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
+	linked(t, admin, s, w)
+	f := ft.Inject(embedtest.TxnHas(string(api.KVDeleteCAS), s.queueKey), 1, embedtest.FaultRefuse)
+	px.Blackhole()
+	defer px.Mend() // before the sessions' Close
+	destroy(t, admin, s.s.ID())
+	r := <-wres
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	select {
+	case <-f.Fired():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fault did not fire: the test proves nothing")
+	}
+	waitFor(t, cleanupBound, "S's dead entry and held mark deleted", func() bool {
+		for _, k := range keys(t, admin, name) {
+			if strings.HasPrefix(k, s.queueKey) {
+				return false
+			}
+		}
+		return true
+	})
+	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 }

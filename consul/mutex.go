@@ -102,10 +102,10 @@ func (m *Mutex) Name() string { return m.name }
 // the lock key if an acquire of unknown outcome took it, or a holder handed
 // it over as the call gave up) is removed by the session in the background,
 // as soon as Consul can be reached, while the session lives; if a request
-// of the call got no answer, the session looks again 0.25, 1.25, 4.25 and
-// 14.25 s later, for a request that reached Consul after the call gave up.
-// Lock waits for
-// that removal before it returns, but never more than 50 ms after ctx has
+// of the call got no answer, the session looks again about 0.25, 1.25,
+// 4.25 and 14.25 s later, for a request that reached Consul after the call
+// gave up, and once more as it closes. Lock waits for that removal before
+// it returns, but never more than 50 ms after ctx has
 // ended, so on a reachable Consul a failed Lock usually leaves nothing. The
 // same session locks the name again only after that removal.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }

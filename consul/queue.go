@@ -739,7 +739,11 @@ func queryRefused(err error) bool { code := statusCode(err); return code >= 400 
 
 // dropDead deletes keys whose session is gone (queue entries with their
 // subtrees, contender keys, left by sessions with Behavior release), at most
-// maxDropDead at a time. It is best effort: such keys are ignored anyway.
+// maxDropDead at a time. Such keys are ignored anyway, but nobody may read
+// the queue again to find them: a request that fails without an answer
+// (refused, lost, or ctx ended) is retried in the session's background
+// while it lives; a failed check-and-set means they changed (dropped
+// already).
 func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 	if len(dead) == 0 {
 		return
@@ -754,9 +758,20 @@ func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 			ops = append(ops, op) // a link or anchor under a gone entry: wake its waiter
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	_, _ = s.txn(ctx, ops)
+	drop := func(ctx context.Context) error {
+		_, err := s.txn(ctx, ops)
+		var rb *rollback
+		if errors.As(err, &rb) {
+			return nil
+		}
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	err := drop(rctx)
+	cancel()
+	if err != nil {
+		s.bg.Go(func(ctx context.Context) { _ = core.Retry(ctx, drop) })
+	}
 }
 
 // view is what we know of a lock: the keys under "<name>/".

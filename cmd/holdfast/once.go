@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -36,8 +37,8 @@ start the next period's run sooner than D after this one.
 
 A run is marked in the store (NAME/.run, with an etcd lease or a Consul
 session of its own) until CMD ends, or --at-most (default --every, at least
-the store's floor: etcd 2s, Consul 20s) if holdfast dies: later periods are
-skipped while it holds. CMD must finish within --at-most (on Consul, within
+the store's floor: etcd 2s, Consul 20s; at most 48h on Consul) if holdfast
+dies: later periods are skipped while it holds. CMD must finish within --at-most (on Consul, within
 half of it: Consul may expire a session from its TTL, AtMost/2, on); when
 the claim reaches its deadline CMD is sent SIGTERM, then SIGKILL after
 --kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
@@ -66,11 +67,13 @@ Exit status:
 	flags: onceFlags,
 }
 
-// Floors of --at-most's default: a store's shortest claim (etcd's shortest
-// lease; twice Consul's shortest session TTL).
+// The range of --at-most: a store's shortest claim (etcd's shortest lease;
+// twice Consul's shortest session TTL) and Consul's longest (twice its
+// longest session TTL). The default, --every, is brought into it.
 const (
-	etcdClaimFloor   = 2 * time.Second
-	consulClaimFloor = 20 * time.Second
+	etcdClaimFloor     = 2 * time.Second
+	consulClaimFloor   = 2 * hfconsul.MinTTL
+	consulClaimCeiling = 2 * hfconsul.MaxTTL
 )
 
 func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
@@ -78,7 +81,7 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	vis := addVisibilityFlags(fs)
 	every := fs.Duration("every", 0, "the length of a period (required)")
 	atLeast := fs.Duration("at-least", 0, "keep the run marked this long after the claim even if CMD ends sooner, so that an early clock cannot start the next period's run sooner (0: not needed for once per period)")
-	atMost := fs.Duration("at-most", 0, "how long a run stays marked if holdfast dies (default --every, at least 2s on etcd, 20s on Consul)")
+	atMost := fs.Duration("at-most", 0, "how long a run stays marked if holdfast dies (default --every, at least 2s on etcd, 20s on Consul, at most 48h on Consul)")
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included, exiting 125 (0: at the end of the period)")
 	try := fs.Bool("try", false, "bound the attempt, connecting included, by --timeout, else "+tryBound.String())
 	grace := fs.Duration("kill-grace", 10*time.Second, "when the claim ends, how long CMD has between SIGTERM and SIGKILL")
@@ -90,12 +93,21 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		sched := holdfast.Schedule{Every: *every, AtLeast: *atLeast, AtMost: *atMost}
+		floor, ceiling := etcdClaimFloor, time.Duration(math.MaxInt64)
+		if *sf.backend == "consul" {
+			floor, ceiling = consulClaimFloor, consulClaimCeiling
+		}
 		if sched.AtMost == 0 {
-			floor := etcdClaimFloor
-			if *sf.backend == "consul" {
-				floor = consulClaimFloor
+			sched.AtMost = min(max(sched.Every, floor), ceiling)
+		}
+		switch {
+		case *atMost < 0:
+			return usagef("--at-most %v is negative", *atMost)
+		case *atMost > 0 && (*atMost < floor || *atMost > ceiling):
+			if ceiling == time.Duration(math.MaxInt64) {
+				return usagef("--at-most %v is shorter than %s's shortest claim, %v", *atMost, *sf.backend, floor)
 			}
-			sched.AtMost = max(sched.Every, floor)
+			return usagef("--at-most %v is not between %v and %v on %s (twice its session TTL bounds)", *atMost, floor, ceiling, *sf.backend)
 		}
 		switch {
 		case *every <= 0:

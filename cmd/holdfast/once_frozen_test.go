@@ -420,3 +420,86 @@ func TestClaimFrozenConsul(t *testing.T) {
 	}
 	claimFrozen(t, cs, func() { _ = c.Freeze(0) }, func() { _ = c.Thaw(0) })
 }
+
+// claimAnsweredLate: a claim sent 500 ms before its period's end to a
+// store frozen for 1.5 s is answered after the end: it returns
+// holdfast.ErrPeriodOver (which wraps ErrClaimed) and does not run; the
+// period stays claimed (a new claim of it is refused).
+func claimAnsweredLate(t *testing.T, c conformanceClaimer, every time.Duration, freeze, thaw func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	period := time.Now().Truncate(every).Add(every)
+	time.Sleep(time.Until(period.Add(every - 500*time.Millisecond)))
+	freeze()
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		thaw()
+	}()
+	g, err := c.ClaimPeriod(ctx, period)
+	if !errors.Is(err, holdfast.ErrPeriodOver) || !errors.Is(err, holdfast.ErrClaimed) {
+		if g != nil {
+			_ = g.Unlock(ctx)
+		}
+		t.Fatalf("a claim answered after its period's end: %v %v, want ErrPeriodOver", g, err)
+	}
+	if g, err := c.ClaimPeriod(ctx, period.Add(every)); err != nil {
+		t.Errorf("a claim of the next period: %v", err)
+	} else {
+		_ = g.Unlock(ctx)
+	}
+}
+
+// TestClaimAnsweredLateEtcd: claimAnsweredLate on etcd 3.4 (its own
+// process), periods of 2 s.
+func TestClaimAnsweredLateEtcd(t *testing.T) {
+	ep, pid := startEtcdProcess(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s, err := hfetcd.NewSession(context.Background(), cli, hfetcd.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	o, err := hfetcd.NewOnce(s, "jobs/late", holdfast.Schedule{Every: 2 * time.Second, AtMost: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimAnsweredLate(t, etcdClaimer{o}, 2*time.Second, func() { _ = syscall.Kill(pid, syscall.SIGSTOP) }, func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ls, err := cli.Leases(ctx); err != nil || len(ls.Leases) != 1 { // the session's
+		t.Errorf("leases %v %v after the late claim, want the session's alone", ls, err)
+	}
+}
+
+// TestClaimAnsweredLateConsul: claimAnsweredLate on a Consul server,
+// periods of 2 s; no claim session is left.
+func TestClaimAnsweredLateConsul(t *testing.T) {
+	c := embedtest.ConsulServers(t, 1)
+	cli, err := c.NewClient(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := hfconsul.NewSession(context.Background(), cli, hfconsul.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	o, err := hfconsul.NewOnce(s, "jobs/late", holdfast.Schedule{Every: 2 * time.Second, AtMost: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimAnsweredLate(t, consulClaimer{o}, 2*time.Second, func() { _ = c.Freeze(0) }, func() { _ = c.Thaw(0) })
+	all, _, err := cli.Session().List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range all {
+		if e.ID != s.ID() {
+			t.Errorf("session %s (%s) left after the late claim", e.ID, e.Name)
+		}
+	}
+}

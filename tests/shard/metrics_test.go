@@ -18,7 +18,7 @@ import (
 // holdfast_shard_releases_total counts a move as "moved" and a leave as
 // "leaving"; every series exists at 0 from the start.
 func TestMetrics(t *testing.T) {
-	st := etcdStore(t)
+	st := etcdStore(t, 5*time.Second)
 	m := metrics.New(metrics.Options{})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)

@@ -100,7 +100,7 @@ conformance-full:
 # only), about 1 minute.
 faults: consul
 	$(GO) test -count=1 -tags $(TESTTAGS) -run '^TestEtcdFaultTable$$' ./tests/etcd/ -args -faults.full
-	HOLDFAST_FAULTS=all $(GO) test -count=1 -run '^TestRequestFaults$$' -v ./consul/ | grep -v '^=== '
+	HOLDFAST_FAULTS=all $(GO) test -count=1 -run '^TestRequestFaults$$' -v ./consul/
 
 # Fuzz the decoders of the Consul semaphore's and read-write lock's lock key
 # (consul/permits_fuzz_test.go), FUZZTIME each (default 1m). The seed corpus

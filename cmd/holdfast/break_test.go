@@ -39,3 +39,26 @@ func TestOnceAtMostRange(t *testing.T) {
 		}
 	})
 }
+
+// TestOtherStoreAddressFlag: --addr (Consul's) given with etcd, or
+// --endpoints (etcd's) with Consul, is "a flag of the other store": exit 2
+// before any request, as --lock-delay, --user and --token are; it was
+// ignored, and holdfast went to the other store's default address.
+func TestOtherStoreAddressFlag(t *testing.T) {
+	holdfastBin(t)
+	refused := refusedAddr(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lock", "--endpoints", refused, "--addr", refused, "br/x", "--", "true"}, "--addr applies to Consul only"},
+		{[]string{"status", "--endpoints", refused, "--addr", refused, "br/x"}, "--addr applies to Consul only"},
+		{[]string{"lock", "--backend", "consul", "--addr", refused, "--endpoints", refused, "br/x", "--", "true"}, "--endpoints applies to etcd only"},
+		{[]string{"elect", "--observe", "--backend", "consul", "--addr", refused, "--endpoints", refused, "br/x"}, "--endpoints applies to etcd only"},
+	} {
+		p := start(t, tc.args...)
+		if code := p.wait(t, 10*time.Second); code != 2 || !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("holdfast %q: exit %d, stderr %q: want 2 saying %q", tc.args, code, p.stderr.String(), tc.want)
+		}
+	}
+}

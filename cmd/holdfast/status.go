@@ -224,6 +224,9 @@ type reader interface {
 // same TLS and authentication settings as the commands' sessions; timeout
 // bounds etcd's authentication.
 func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader, error) {
+	if err := f.otherStoreAddress(ctx); err != nil {
+		return nil, err
+	}
 	switch *f.backend {
 	case "etcd":
 		eps, err := endpointList("--endpoints", *f.endpoints)

@@ -95,10 +95,26 @@ type session struct {
 	consul  *hfconsul.Session
 }
 
+// otherStoreAddress refuses the other store's address flag given on the
+// command line (--addr with etcd, --endpoints with Consul), as the other
+// store's other flags are: their environment variables may be set for both.
+func (f *storeFlags) otherStoreAddress(ctx context.Context) error {
+	switch {
+	case *f.backend == "etcd" && flagGiven(ctx, "addr"):
+		return usagef("--addr applies to Consul only (etcd: --endpoints)")
+	case *f.backend == "consul" && flagGiven(ctx, "endpoints"):
+		return usagef("--endpoints applies to etcd only (Consul: --addr)")
+	}
+	return nil
+}
+
 // open checks the flags and opens a session. A --ttl or --lock-delay given
 // on the command line goes to the library as given, which refuses a value
 // out of range (0 and negative included) before any request.
 func (f *storeFlags) open(ctx context.Context) (*session, error) {
+	if err := f.otherStoreAddress(ctx); err != nil {
+		return nil, err
+	}
 	ttlGiven, lockDelayGiven := flagGiven(ctx, "ttl"), flagGiven(ctx, "lock-delay")
 	switch *f.backend {
 	case "etcd":

@@ -673,3 +673,79 @@ func TestConfigEtcd(t *testing.T) {
 		t.Errorf("Run on a lock's name: %v, want ErrConflict", err)
 	}
 }
+
+// TestLeaveDrainsEtcd: cancelling Run deletes the member's key first (the
+// other member queues for its shards while they drain), releases each shard
+// only once its work has returned, and the other member's work starts
+// within milliseconds of that return (no overlap, no gap).
+func TestLeaveDrainsEtcd(t *testing.T) {
+	st := etcdStore(t, 5*time.Second)
+	name := uniq(t)
+	const drain = 300 * time.Millisecond
+	var mu sync.Mutex
+	returned := map[int]time.Time{} // shard -> when A's work returned
+	started := map[int]time.Time{}  // shard -> when B's work started
+	sa, _, _ := st.join(t)
+	a, _ := shard.New(sa, name, shard.Config{Shards: 2})
+	actx, acancel := context.WithCancel(context.Background())
+	adone := make(chan error, 1)
+	go func() {
+		adone <- a.Run(actx, func(ctx context.Context, s shard.Shard, _ *etcd.Grant) {
+			<-ctx.Done()
+			time.Sleep(drain) // a slow drain
+			mu.Lock()
+			returned[s.Index] = time.Now()
+			mu.Unlock()
+		})
+	}()
+	for len(a.Owned()) != 2 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	sb, _, _ := st.join(t)
+	b, _ := shard.New(sb, name, shard.Config{Shards: 2})
+	bctx, bcancel := context.WithCancel(context.Background())
+	defer bcancel()
+	bdone := make(chan error, 1)
+	go func() {
+		bdone <- b.Run(bctx, func(ctx context.Context, s shard.Shard, _ *etcd.Grant) {
+			mu.Lock()
+			started[s.Index] = time.Now()
+			mu.Unlock()
+			<-ctx.Done()
+		})
+	}()
+	// B takes one shard from A (2 members, 2 shards); then A leaves.
+	for len(b.Owned()) != 1 || len(a.Owned()) != 1 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	kept := a.Owned()[0].Index
+	left := time.Now()
+	acancel()
+	// A's key goes before its work returns.
+	var gone time.Time
+	for gone.IsZero() && time.Since(left) < drain {
+		gs, err := sb.Inspect(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(gs.Members) == 1 {
+			gone = time.Now()
+		}
+	}
+	if err := <-adone; err != nil {
+		t.Fatal(err)
+	}
+	for len(b.Owned()) != 2 {
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gone.IsZero() {
+		t.Errorf("A's member key was still there %v after the leave, while its work drained", drain)
+	}
+	gap := started[kept].Sub(returned[kept])
+	t.Logf("leave: key gone after %v; shard %d: A's work returned %v after the leave, B's started %v later", gone.Sub(left).Round(time.Millisecond), kept, returned[kept].Sub(left).Round(time.Millisecond), gap.Round(time.Microsecond))
+	if gap < 0 || gap > 200*time.Millisecond {
+		t.Errorf("B's work started %v after A's returned, want within 200 ms and not before", gap)
+	}
+}

@@ -391,3 +391,33 @@ func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTryLockDropsDeadEntries: a holder S is cut off (kill -9, a
+// partition) and its session ends (destroyed here, as Consul expires it:
+// Behavior release leaves its entry, held mark, tail key and lock key,
+// free). A TryLock of another session takes the lock, and once it is
+// unlocked nothing is left under the name. Before, TryLock read the dead
+// entry and left it: S's entry and held mark stayed for good (seen with
+// `holdfast lock --try` after a kill -9 of the holder).
+func TestTryLockDropsDeadEntries(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	px, sc := proxied(t, a)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	if _, err := s.Lock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	px.Blackhole()
+	defer px.Mend() // before the sessions' Close
+	destroy(t, admin, s.s.ID())
+	g, err := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name).TryLock(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, cleanupBound, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+}

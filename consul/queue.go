@@ -230,6 +230,7 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
+		m.s.dropDead(ctx, v.dead) // else nobody may read them again: left for good
 		if !free(v.lock) || v.waiting() > 0 {
 			return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
 		}

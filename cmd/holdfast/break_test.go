@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,5 +62,22 @@ func TestOtherStoreAddressFlag(t *testing.T) {
 		if code := p.wait(t, 10*time.Second); code != 2 || !strings.Contains(p.stderr.String(), tc.want) {
 			t.Errorf("holdfast %q: exit %d, stderr %q: want 2 saying %q", tc.args, code, p.stderr.String(), tc.want)
 		}
+	}
+}
+
+// TestSilentStoreAfterRelease: when the store goes silent while CMD runs
+// and stays silent after CMD's normal end, holdfast waits releaseTimeout
+// (5 s) for the release, then at most lostCloseTimeout for the session's
+// close, leaving the rest to the store's expiry: it exits within 6 s of
+// CMD's end. Before, the close waited for the client's own bound too: 10 s
+// after CMD's end on etcd 3.4 (15 s on Consul).
+func TestSilentStoreAfterRelease(t *testing.T) {
+	ep, pid := startEtcdProcess(t)
+	p := start(t, "lock", "--endpoints", ep, "br/silent", "--", "sh", "-c", fmt.Sprintf("kill -STOP %d", pid))
+	code := p.wait(t, 30*time.Second)
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	t.Logf("exit %d after %v: %s", code, p.took.Round(time.Millisecond), p.stderr.String())
+	if code != 0 || p.took > releaseTimeout+time.Second {
+		t.Errorf("exit %d after %v, want 0 within %v (release bound + 1 s)", code, p.took, releaseTimeout+time.Second)
 	}
 }

@@ -58,8 +58,8 @@ const (
 	// killAhead is how long before the deadline the guard sends SIGKILL.
 	killAhead = 20 * time.Millisecond
 	// A feed older than staleAfter(deadline-lastFeed) means holdfast
-	// cannot run: a quarter of the time that was left, between
-	// minStale and maxStale.
+	// cannot run: half the time that was left (the other half is CMD's
+	// grace at least), between minStale and maxStale.
 	minStale, maxStale = 150 * time.Millisecond, time.Second
 )
 
@@ -87,7 +87,7 @@ func monoNow() int64 {
 }
 
 func staleAfter(left time.Duration) time.Duration {
-	return min(max(left/4, minStale), maxStale)
+	return min(max(left/2, minStale), maxStale)
 }
 
 // guardMain is the guard process: it reads holdfast's feed on fd 3 and

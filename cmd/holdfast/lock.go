@@ -391,7 +391,7 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
 	werr, lostCause, err := runUnder(ctx, g, cmd, policing{name: name, what: r.what, grace: r.grace, stderr: r.e.stderr, sigs: sigs})
 	if err != nil {
-		r.release(g, name)
+		r.release(s, g, name)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitError{exitNotFound, fmt.Errorf("%s: %w", name, err)}
 		}
@@ -400,7 +400,7 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	if lostCause != nil {
 		return exitError{exitLost, explainf(lostCause, "%s: lost %s while the command ran: %s", name, r.what, lossReason(lostCause))}
 	}
-	r.release(g, name)
+	r.release(s, g, name)
 	code := 0
 	var ee *exec.ExitError
 	if errors.As(werr, &ee) {
@@ -573,11 +573,11 @@ wait:
 // expires anyway, with the session's TTL.
 const lostCloseTimeout = 500 * time.Millisecond
 
-// closeSession closes s; after a loss (lost, or s itself ended) it waits
-// at most lostCloseTimeout for the store, leaving the rest to the store's
-// expiry.
+// closeSession closes s; after a loss (lost, or s itself ended) or a
+// release the store did not answer, it waits at most lostCloseTimeout for
+// the store, leaving the rest to the store's expiry.
 func closeSession(s *session, lost bool) {
-	if !lost && s.Err() == nil {
+	if !lost && s.Err() == nil && !s.unanswered {
 		s.Close()
 		return
 	}
@@ -595,11 +595,12 @@ func closeSession(s *session, lost bool) {
 // does not answer in time, closing the session (revoking it) frees the lock.
 const releaseTimeout = 5 * time.Second
 
-func (r runner) release(g holdfast.Grant, name string) {
+func (r runner) release(s *session, g holdfast.Grant, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	if err := g.Unlock(ctx); err != nil {
 		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		s.unanswered = true // the close waits no longer than after a loss
 		return
 	}
 	r.verbosef("%s: released %s, %s", name, r.what, tokens(g))

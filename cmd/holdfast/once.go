@@ -38,10 +38,10 @@ start the next period's run sooner than D after this one.
 A run is marked in the store (NAME/.run, with an etcd lease or a Consul
 session of its own) until CMD ends, or --at-most (default --every, at least
 the store's floor: etcd 2s, Consul 20s; at most 48h on Consul) if holdfast
-dies: later periods are skipped while it holds. CMD must finish within --at-most (on Consul, within
-half of it: Consul may expire a session from its TTL, AtMost/2, on); when
-the claim reaches its deadline CMD is sent SIGTERM, then SIGKILL after
---kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
+dies: later periods are skipped while it holds. CMD must finish within
+--at-most (on Consul, within half of it: Consul may expire a session from
+its TTL, AtMost/2, on); when the claim reaches its deadline CMD is sent
+SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
 session behind, CMD run or not.
 
 The attempt, connecting included, is bounded by the end of the period (a

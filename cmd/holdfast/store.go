@@ -93,6 +93,9 @@ type session struct {
 	backend string
 	etcd    *hfetcd.Session
 	consul  *hfconsul.Session
+	// unanswered: a release was not answered in time (the store is
+	// silent), so the close is bounded as after a loss (closeSession).
+	unanswered bool
 }
 
 // otherStoreAddress refuses the other store's address flag given on the

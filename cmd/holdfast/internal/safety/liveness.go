@@ -3,6 +3,7 @@ package safety
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -50,6 +51,20 @@ func (g WaitGap) String() string {
 		g.Len().Round(time.Millisecond), g.From.Round(time.Millisecond), g.To.Round(time.Millisecond), g.near())
 }
 
+// BySum formats ByFault, largest first.
+func (l Liveness) BySum() string {
+	kinds := make([]string, 0, len(l.ByFault))
+	for k := range l.ByFault {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return l.ByFault[kinds[i]] > l.ByFault[kinds[j]] })
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %v", k, l.ByFault[k].Round(time.Millisecond))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // near names the gap's nearest fault and its bound.
 func (g WaitGap) near() string {
 	if g.Fault == "" {
@@ -60,8 +75,11 @@ func (g WaitGap) near() string {
 
 // Liveness is the liveness checker's verdict on one run.
 type Liveness struct {
-	Longest    WaitGap       // the longest gap (zero if none)
-	Sum        time.Duration // the gaps' total length
+	Longest WaitGap       // the longest gap (zero if none)
+	Sum     time.Duration // the gaps' total length
+	// ByFault is the sum per nearest fault's kind ("none" for the gaps of
+	// a run without faults).
+	ByFault    map[string]time.Duration
 	Gaps       int
 	Violations []WaitGap // the gaps longer than their bound
 }
@@ -146,6 +164,14 @@ func CheckLiveness(ops []Op, limit int, faults []Fault, b LivenessBounds) Livene
 func (l *Liveness) add(g WaitGap) {
 	l.Gaps++
 	l.Sum += g.Len()
+	if l.ByFault == nil {
+		l.ByFault = map[string]time.Duration{}
+	}
+	kind := g.Fault
+	if kind == "" {
+		kind = "none"
+	}
+	l.ByFault[kind] += g.Len()
 	if g.Len() > l.Longest.Len() {
 		l.Longest = g
 	}

@@ -40,6 +40,9 @@ func TestLivenessFreeWhileWaiting(t *testing.T) {
 	if len(l.Violations) != 0 || l.Longest.Fault != "pause-client" || l.Longest.Bound != 3100*ms {
 		t.Errorf("with a fault: %+v, want no violation, bound 3.1 s, attributed to pause-client", l)
 	}
+	if l.ByFault["pause-client"] != 2510*ms || l.BySum() != "pause-client 2.51s" {
+		t.Errorf("by fault: %v (%s), want pause-client 2.51 s (both gaps are nearest to it)", l.ByFault, l.BySum())
+	}
 	// A fault that cannot end a session allows only its part + 1 s.
 	l = CheckLiveness(ops, 1, []Fault{{Kind: "delete-waiter-key", Start: 400 * ms, End: 450 * ms}}, bounds)
 	if len(l.Violations) != 1 {

@@ -74,12 +74,12 @@ operations: grants=%d lock_failures=%d sessions=%d lost=%d
 fenced writes: accepted=%d rejected=%d (stale)
 violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
 grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v
-liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals, over their bound %d`,
+liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals (by nearest fault: %s), over their bound %d`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
 		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
 		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
 		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond),
-		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, len(s.Liveness.Violations))
+		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, s.Liveness.BySum(), len(s.Liveness.Violations))
 }
 
 // faultLog counts faults and measures notice and takeover times.

@@ -132,16 +132,25 @@ func (q queue) waitTurn(ctx context.Context) (rev int64, err error) {
 // conflict returns an error wrapping holdfast.ErrConflict if one of kvs is
 // not a contender's key "<prefix><lease hex>" but a key of a longer name
 // ("<prefix>b/...", which is also the shape of a read-write lock's keys):
-// a lock's name may not be a prefix of another lock's. A key carrying a
+// a lock's name may not be a prefix of another lock's. A key "<prefix>.claim"
+// or "<prefix>.run" (a once-per-period claim's record or run mark) is a conflict: a claim's
+// record stays, and a waiter behind it would wait for ever. A key carrying a
 // semaphore's limit is a conflict too: a lock and a semaphore may not share
 // a name. A waiter meets every older key under the prefix as its
 // predecessor before it can hold, so checking the keys ahead is enough.
 func (q queue) conflict(kvs ...*mvccpb.KeyValue) error {
 	for _, kv := range kvs {
-		if kv != nil && strings.Contains(string(kv.Key[len(q.pfx):]), "/") {
+		if kv == nil {
+			continue
+		}
+		rest := string(kv.Key[len(q.pfx):])
+		if strings.Contains(rest, "/") {
 			return fmt.Errorf("%w: %s holds %s, a key of a longer name or of a read-write lock: a lock's name may not be a prefix of another's", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key)
 		}
-		if kv != nil && strings.HasPrefix(string(kv.Value), semValuePrefix) {
+		if rest == ".claim" || rest == ".run" {
+			return fmt.Errorf("%w: %s holds %s, a once-per-period claim's key: a lock and a claim may not share a name", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key)
+		}
+		if strings.HasPrefix(string(kv.Value), semValuePrefix) {
 			return fmt.Errorf("%w: %s is a semaphore (%s has value %q): a lock and a semaphore may not share a name", holdfast.ErrConflict, q.pfx[:len(q.pfx)-1], kv.Key, kv.Value)
 		}
 	}

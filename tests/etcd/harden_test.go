@@ -982,3 +982,34 @@ func TestMisuse(t *testing.T) {
 		t.Errorf("Dial to a frozen endpoint: %v, want a plain DeadlineExceeded (it accepts connections)", err)
 	}
 }
+
+// A lock on a claim's name is refused: the claim's record "<name>/.claim"
+// stays (it remembers the last period), so a Lock that queued behind it
+// would wait for ever (it did: Lock waited until its context ended).
+func TestClaimNameConflict(t *testing.T) {
+	c := etcdtest.Etcd(t)
+	ctx := context.Background()
+	s := newSession(t, c, etcd.WithTTL(5*time.Second))
+	o, err := etcd.NewOnce(s, "nest/claimed", holdfast.Schedule{Every: time.Hour, AtMost: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := o.Claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := newMutex(t, newSession(t, c, etcd.WithTTL(5*time.Second)), "nest/claimed")
+	if _, err := m.TryLock(ctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("TryLock of a claim's name: %v, want ErrConflict", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := m.Lock(lctx); !errors.Is(err, holdfast.ErrConflict) {
+		t.Fatalf("Lock of a claim's name: %v, want ErrConflict", err)
+	}
+	within(t, "Lock refused for a claim's record", time.Since(start), time.Second)
+}

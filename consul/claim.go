@@ -2,6 +2,8 @@ package consul
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -87,7 +89,8 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 // recorded, and skipped). It costs a consistent read, and unless that
 // refuses, a session creation and one transaction (more if other claims
 // move the record meanwhile). ctx bounds them. A session that ends up
-// unused is destroyed before it returns (bounded; else in the background
+// unused, or whose creation got no answer (looked up by its unique name),
+// is destroyed before it returns (bounded by 2 s; else in the background
 // while the holdfast session lives, and by its TTL anyway).
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error) {
 	if ctx == nil {
@@ -183,11 +186,17 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
-// no health checks; a creation Consul refused without applying it is sent
-// again (as the holdfast session's), within ctx.
+// no health checks, named "holdfast claim <name> <random hex>"; a creation
+// Consul refused without applying it is sent again (as the holdfast
+// session's), within ctx. One whose outcome is unknown (no answer: Consul
+// may have applied it, or apply it later) is looked up by that name and
+// destroyed (see leftover).
 func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	name := "holdfast claim " + o.name + " " + hex.EncodeToString(nonce[:])
 	body := map[string]any{
-		"Name":       "holdfast claim " + o.name,
+		"Name":       name,
 		"TTL":        ttl.String(),
 		"LockDelay":  "0ms",
 		"Behavior":   api.SessionBehaviorDelete,
@@ -202,6 +211,9 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 		return err
 	})
 	if err != nil {
+		if c := statusCode(err); c == 0 || c >= 500 && !refused(err) {
+			o.leftover(ctx, name, ttl) // no answer, or an error the agent gave while the servers may have applied it
+		}
 		return "", apiError("create claim session", err)
 	}
 	if out.ID == "" {
@@ -231,6 +243,53 @@ func (o *Once) destroyNow(ctx context.Context, id string) {
 	o.s.bg.Go(func(ctx context.Context) {
 		_ = core.Retry(ctx, func(ctx context.Context) error { return o.destroy(ctx, id) })
 	})
+}
+
+// errNoLeftover: a lookup found no claim session of the name looked for.
+var errNoLeftover = errors.New("holdfast/consul: no claim session of that name yet")
+
+// leftover destroys the claim session called name whose creation had no
+// answer: it looks it up and destroys it now, bounded by claimCleanup
+// (ctx's values, not its end); if the store did not answer, or showed no
+// such session (the creation may still be applied: a frozen agent that
+// resumes), it goes on in the holdfast session's background, for at most
+// ttl, while that session lives (a session created later than that
+// expires by its TTL anyway).
+func (o *Once) leftover(ctx context.Context, name string, ttl time.Duration) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
+	err := o.destroyNamed(dctx, name)
+	cancel()
+	if err == nil {
+		return
+	}
+	o.s.bg.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, ttl)
+		defer cancel()
+		_ = core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}.Retry(ctx, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
+	})
+}
+
+// destroyNamed destroys the sessions called name: nil once it destroyed
+// one, errNoLeftover if there is none.
+func (o *Once) destroyNamed(ctx context.Context, name string) error {
+	all, _, err := o.s.client.Session().List((&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return apiError("list sessions", err)
+	}
+	found := false
+	for _, e := range all {
+		if e.Name != name {
+			continue
+		}
+		if err := o.destroy(ctx, e.ID); err != nil {
+			return err
+		}
+		found = true
+	}
+	if !found {
+		return errNoLeftover
+	}
+	return nil
 }
 
 // destroy destroys the claim session id: nil if it is gone.

@@ -90,7 +90,7 @@ func TestClaimGuardedTxn(t *testing.T) {
 		t.Errorf("Txn after Unlock: %v, want ErrNotHeld", err)
 	}
 	waitFor(t, 5*time.Second, "the record alone left", func() bool { ks := keys(t, admin, name); return len(ks) == 1 && ks[0] == name+"/.claim" })
-	if ids := sessionsNamed(t, admin, "holdfast claim "+name); len(ids) != 0 {
+	if ids := claimSessions(t, admin, name); len(ids) != 0 {
 		t.Errorf("claim sessions left after Unlock and a refused claim: %v", ids)
 	}
 	for _, sched := range []holdfast.Schedule{{Every: time.Minute, AtMost: 19 * time.Second}, {Every: time.Minute, AtLeast: time.Minute, AtMost: 30 * time.Second}} {
@@ -98,22 +98,6 @@ func TestClaimGuardedTxn(t *testing.T) {
 			t.Errorf("NewOnce(%+v): %v, want ErrInvalidArgument", sched, err)
 		}
 	}
-}
-
-// sessionsNamed lists the sessions called name.
-func sessionsNamed(t testing.TB, c *api.Client, name string) []string {
-	t.Helper()
-	all, _, err := c.Session().List(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, s := range all {
-		if s.Name == name {
-			ids = append(ids, s.ID)
-		}
-	}
-	return ids
 }
 
 // TestClaimOldFormat: a claim key of an older holdfast ("<name>/.claim"

@@ -42,7 +42,8 @@ dies: later periods are skipped while it holds. CMD must finish within
 --at-most (on Consul, within half of it: Consul may expire a session from
 its TTL, AtMost/2, on); when the claim reaches its deadline CMD is sent
 SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
-session behind, CMD run or not.
+session behind, CMD run or not, unless the store stopped answering before holdfast could destroy it:
+then it expires after its TTL.
 
 The attempt, connecting included, is bounded by the end of the period (a
 claim cannot run after it), or by --timeout if shorter; --try bounds it by

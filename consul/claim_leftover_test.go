@@ -1,0 +1,69 @@
+package consul
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
+)
+
+// TestClaimSessionLeftover: a claim session whose creation Consul applied
+// but whose answer never reached the claim (the answer lost, or the request
+// applied after the claim's context ended, as when a frozen agent resumes)
+// is looked up by its unique name and destroyed: none is left once Claim
+// returned (within claimCleanup), in each mode.
+func TestClaimSessionLeftover(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	for _, mode := range []embedtest.FaultMode{embedtest.FaultLoseAnswer, embedtest.FaultLate} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, ft := faultClient(t, a)
+			s := newSession(t, c)
+			name := uniqueName(t)
+			o, err := NewOnce(s, name, holdfast.Schedule{Every: time.Hour, AtMost: 2 * MinTTL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := ft.Inject(func(method, path string, body []byte) bool {
+				return method == http.MethodPut && path == "/v1/session/create" && bytes.Contains(body, []byte("holdfast claim "+name))
+			}, 1, mode)
+			f.Late = 100 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			if cl, err := o.Claim(ctx); err == nil {
+				t.Fatalf("claim %v succeeded, want the creation's error", cl.Session())
+			}
+			select {
+			case <-f.Fired():
+			default:
+				t.Fatal("the fault did not fire")
+			}
+			<-f.Done()
+			waitFor(t, claimCleanup, "no claim session left", func() bool { return len(claimSessions(t, admin, name)) == 0 })
+		})
+	}
+}
+
+// claimSessions lists the claim sessions of the claim called name.
+func claimSessions(t testing.TB, c *api.Client, name string) []string {
+	t.Helper()
+	all, _, err := c.Session().List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range all {
+		if s.Name == "holdfast claim "+name || strings.HasPrefix(s.Name, "holdfast claim "+name+" ") {
+			ids = append(ids, s.ID)
+		}
+	}
+	return ids
+}

@@ -57,7 +57,7 @@ type Shard struct {
 // Shards and Names; a member that finds another with different ones stops
 // with holdfast.ErrConflict.
 type Config struct {
-	// Shards is the number of shards, N (at least 1). It may be left 0
+	// Shards is the number of shards, N (1 to MaxShards). It may be left 0
 	// when Names is given.
 	Shards int
 
@@ -113,6 +113,11 @@ type Group[G holdfast.Grant] struct {
 	owned   map[int]G
 }
 
+// MaxShards is the largest number of shards a group may have: every member
+// keeps a lock per shard it owns and computes the assignment over all of
+// them, so a mistyped N is refused before it costs memory.
+const MaxShards = 65536
+
 // memberValue is the value of a member's key.
 type memberValue struct {
 	Member string   `json:"member"`
@@ -140,6 +145,8 @@ func New[G holdfast.Grant](s *Store[G], name string, cfg Config) (*Group[G], err
 		errs = append(errs, fmt.Errorf("Shards %d: a group needs at least 1 shard", cfg.Shards))
 	case cfg.Names != nil && len(cfg.Names) == 0:
 		errs = append(errs, errors.New("empty Names: a group needs at least 1 shard"))
+	case cfg.Shards > MaxShards || len(cfg.Names) > MaxShards:
+		errs = append(errs, fmt.Errorf("%d shards: a group has at most MaxShards (%d)", max(cfg.Shards, len(cfg.Names)), MaxShards))
 	case cfg.Names != nil && cfg.Shards != 0 && cfg.Shards != len(cfg.Names):
 		errs = append(errs, fmt.Errorf("Shards %d but %d Names", cfg.Shards, len(cfg.Names)))
 	}

@@ -107,6 +107,8 @@ func TestExitStatusRows(t *testing.T) {
 		{[]string{"elect", "--value", "v", "--ttl", "-5s", "jobs", "--", "true"}, "invalid TTL"},
 		{[]string{"elect", "--observe", "a//b"}, "invalid name"},
 		{[]string{"lock", "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
+		{[]string{"shard", "jobs", "--", "true"}, "--shards N is required"},
+		{[]string{"shard", "--shards", "100000000", "jobs", "--", "true"}, "want 1 to 65536"},
 		{[]string{"lock", "--backend", "consul", "--addr", silent, "--ttl", "0", "jobs", "--", "true"}, "invalid TTL: 0s"},
 		{[]string{"lock", "--backend", "consul", "--addr", silent, "--lock-delay=-1s", "jobs", "--", "true"}, "lock-delay -1s"},
 		{[]string{"lock", "--backend", "consul", "--addr", silent, "--lock-delay=2m", "jobs", "--", "true"}, "lock-delay 2m0s"},

@@ -77,8 +77,10 @@ func shardFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		switch {
-		case *n < 1:
-			return usagef("--shards %d: want at least 1", *n)
+		case *n == 0:
+			return usagef("--shards N is required (1 to %d)", shard.MaxShards)
+		case *n < 1 || *n > shard.MaxShards:
+			return usagef("--shards %d: want 1 to %d", *n, shard.MaxShards)
 		case *grace < 0:
 			return usagef("--kill-grace %v is negative", *grace)
 		}

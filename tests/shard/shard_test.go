@@ -595,6 +595,8 @@ func TestConfigEtcd(t *testing.T) {
 	}{
 		{"g", shard.Config{}},
 		{"g", shard.Config{Shards: -1}},
+		{"g", shard.Config{Shards: shard.MaxShards + 1}},
+		{"g", shard.Config{Shards: 100_000_000}},
 		{"", shard.Config{Shards: 4}},
 		{"g/.x", shard.Config{Shards: 4}},
 		{"g", shard.Config{Names: []string{}}},

@@ -14,6 +14,8 @@ import (
 	"github.com/holdfast/holdfast/etcd"
 	"github.com/holdfast/holdfast/fence/sqlfence"
 	"github.com/holdfast/holdfast/semaphore"
+	"github.com/holdfast/holdfast/shard"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // README: semaphore
@@ -129,8 +131,27 @@ func dialSecuredConsul(ctx context.Context, token string) (*consul.Session, erro
 	)
 }
 
+// README: shard
+// runTenants works on the shards of "tenants" that this process owns, until
+// ctx ends; members share the 64 shards, one owner per shard at a time.
+func runTenants(ctx context.Context, cli *clientv3.Client) error {
+	s, err := etcd.NewSession(ctx, cli) // or consul.NewSession, then shard.Consul(s)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	g, err := shard.New(shard.Etcd(s), "tenants", shard.Config{Shards: 64})
+	if err != nil {
+		return err
+	}
+	return g.Run(ctx, func(ctx context.Context, sh shard.Shard, grant *etcd.Grant) {
+		// work on shard sh.Index until ctx ends (the shard moves, is lost, or
+		// Run's ctx ends); write with grant.Txn, or pass grant.Token() along
+	})
+}
+
 // README: end
 
 // Compiled only (run by their packages' tests): they need a PostgreSQL or a
-// secured cluster.
-var _ = []any{credit, dialSecuredEtcd, dialSecuredConsul}
+// secured cluster, or run until cancelled (runTenants: tests/shard).
+var _ = []any{credit, dialSecuredEtcd, dialSecuredConsul, runTenants}

@@ -57,7 +57,7 @@ docs/SAFETY.md.`,
 
 func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), or all (mutex, semaphore, election in turn)")
+	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), shard (members of a group of 8 shards), or all (mutex, semaphore, election in turn)")
 	duration := fs.Duration("duration", time.Minute, "how long the scenario runs (each, with --primitive all)")
 	clients := fs.Int("clients", 4, "how many clients contend")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
@@ -133,10 +133,10 @@ func soakPrimitives(s string) ([]safety.Primitive, error) {
 	if s == "all" {
 		return safety.Primitives, nil
 	}
-	for _, p := range append(safety.Primitives, safety.Multi) {
+	for _, p := range append(safety.Primitives, safety.Multi, safety.Shard) {
 		if string(p) == s {
 			return []safety.Primitive{p}, nil
 		}
 	}
-	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi or all", s)
+	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi, shard or all", s)
 }

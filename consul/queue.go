@@ -96,7 +96,26 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 // absent only while nobody queues or holds through the queue: it is
 // deleted, guarded by its index, with the last entry (a release that finds
 // nobody behind it, a repair that finds no live entry).
+//
+// The tail key is acquired with the session of the entry it names (a
+// delete then a lock, in the transaction that writes it), so that Consul
+// deletes it with that session's other keys when it invalidates the
+// session (Behavior delete): a contender cut off for good leaves no tail
+// naming it. While a lock-delay is in effect on the tail key (its last
+// holder's session was invalidated), it is written plain instead (see
+// tailOps); a reader treats both alike.
 const tailSuffix = "/.tail"
+
+// tailOps returns the operations that point the tail key at an entry of
+// session, with value: delete it, then acquire it with session (plain: set
+// it, with no session, for when a lock-delay refuses the acquire).
+func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
+	write := &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey, Session: session, Value: value}}
+	if plain {
+		write = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: value}}
+	}
+	return api.TxnOps{kvOp(api.KVDelete, m.tailKey), write}
+}
 
 // tailEntry returns the entry that the tail key names (ok false if absent
 // or unreadable).
@@ -356,6 +375,12 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 		case out == taken:
 			return token, nil
 		case out == delayed:
+			if a.notBefore.IsZero() && a.known {
+				// Our predecessor's anchor was deleted, not freed (Behavior
+				// delete): it died, or it left and another holder did. The
+				// delay started at most now.
+				a.notBefore = time.Now().Add(a.delay)
+			}
 			if !sleep(ctx, a.delayLeft()) {
 				return 0, ctx.Err()
 			}
@@ -505,7 +530,10 @@ func (a *acquisition) delayLeft() time.Duration {
 // ModifyIndex). The token is the ModifyIndex of that write.
 func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (uint64, outcome, error) {
 	m := a.m
+	plain := false // the tail key written plain (see tailOps)
+again:
 	ops := a.how.write(m, seen)
+	tailAt := -1 // the index of the tail key's write
 	if first {
 		guard := kvOp(api.KVCheckNotExists, m.tailKey)
 		if tail != nil {
@@ -513,8 +541,9 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		}
 		ops = append(ops, guard,
 			kvOp(api.KVDeleteTree, m.queueKey),
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}})
+		tailAt = len(ops) + 1
+		ops = append(ops, m.tailOps(m.s.id, []byte(m.s.id), plain)...)
 	}
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -524,6 +553,10 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	var rb *rollback
 	switch {
 	case err == nil:
+	case errors.As(err, &rb) && !plain && rb.delayedOnly(tailAt):
+		plain = true
+		cancel()
+		goto again
 	case errors.As(err, &rb) && rb.denied():
 		return 0, 0, txnError("acquire "+m.lockKey, rb)
 	case rb != nil && rb.lockDelayed():
@@ -555,14 +588,14 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 // with its subtree, so that our place is always at the back.
 func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
-	ops := api.TxnOps{
-		kvOp(api.KVGetOrEmpty, m.tailKey),
-		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
+	plain := false // the tail key written plain (see tailOps)
+again:
+	ops := append(append(api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey)}, m.tailOps(m.s.id, []byte(m.s.id), plain)...),
 		kvOp(api.KVGetTree, m.queueKey+"/"),
 		kvOp(api.KVDeleteTree, m.queueKey),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 		kvOp(api.KVGetOrEmpty, m.lockKey),
-	}
+	)
 	a.left = true
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -570,6 +603,10 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	var rb *rollback
 	switch {
 	case err == nil:
+	case errors.As(err, &rb) && !plain && rb.delayedOnly(2):
+		plain = true
+		cancel()
+		goto again
 	case errors.As(err, &rb) && rb.denied():
 		return nil, txnError("queue up on "+m.name, rb)
 	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
@@ -1048,9 +1085,10 @@ func (g *lockHold) pass(ctx context.Context) error {
 }
 
 // alone releases the lock when nobody queued behind us: [check-session,
-// delete-cas of the tail key at the index it had when it named our entry
-// (or check that it is absent), delete the lock key, delete our entry and
-// its subtree]. A waiter that queued behind us moved the tail key: errStale.
+// check-index of the tail key at the index it had when it named our entry
+// and its delete (or check that it is absent), delete the lock key, delete
+// our entry and its subtree]. A waiter that queued behind us moved the tail
+// key, or it went with that waiter's session: errStale.
 func (g *lockHold) alone(ctx context.Context) error {
 	m := g.m
 	ops := releaseGuard(m.lockKey, m.s.id)
@@ -1058,7 +1096,12 @@ func (g *lockHold) alone(ctx context.Context) error {
 	if g.tailIndex == 0 {
 		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
 	} else {
-		ops = append(ops, deleteCAS(m.tailKey, g.tailIndex))
+		// A check-index, not a delete-cas (which succeeds on an absent
+		// key): a tail key deleted with the session of a waiter that
+		// queued behind us (Behavior delete) leaves that waiter's anchor
+		// on us, which look's read then deletes (before, it stayed while
+		// our session lived: TestExpiredSessionLeavesNothing).
+		ops = append(ops, checkIndex(m.tailKey, g.tailIndex), kvOp(api.KVDelete, m.tailKey))
 	}
 	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
 	return g.send(ctx, ops, held)

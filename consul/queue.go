@@ -246,6 +246,14 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
+		if semaphore(v.lock) {
+			if err := m.dropDeadSemaphore(ctx, v.lock); err != nil {
+				return 0, err
+			}
+			if v, err = a.read(ctx); err != nil {
+				return 0, err
+			}
+		}
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
@@ -293,6 +301,16 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, err
+		}
+		if semaphore(lock) {
+			if err := m.dropDeadSemaphore(ctx, lock); err != nil {
+				return 0, err
+			}
+			var err error
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
+				return 0, err
+			}
+			continue
 		}
 		if err := m.compatibleLock(lock); err != nil {
 			return 0, err
@@ -689,6 +707,9 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 			if err != nil {
 				return nil, err
 			}
+			if semaphore(v.lock) {
+				return names, m.dropDeadSemaphore(ctx, v.lock) // then the queue-up reads the lock key again
+			}
 			return names, m.compatible(v)
 		}
 	}
@@ -972,6 +993,51 @@ func (m *Mutex) compatible(v view) error {
 		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
 	}
 	return nil
+}
+
+// semaphore reports whether lock is a semaphore's lock key (api.Semaphore's
+// flags: api.Semaphore, `consul lock -n N`).
+func semaphore(lock *api.KVPair) bool { return lock != nil && lock.Flags == api.SemaphoreFlagValue }
+
+// dropDeadSemaphore deletes lock, a semaphore's lock key (see semaphore),
+// if no live session can hold that semaphore any more: no key under the
+// name outside our queue is held by a session (api.Semaphore's holders and
+// waiters each hold a contender key, which their sessions delete as they
+// end, and api.Semaphore.Destroy counts only the holders that have one). The
+// delete is guarded by the index read, as Destroy's; if it fails, the key
+// changed, and the caller reads it again. A live semaphore is an error
+// wrapping holdfast.ErrConflict that says how to free the name (before, a
+// Mutex refused the name for ever once a `consul lock -n` was killed:
+// TestDeadSemaphoreLockKey).
+func (m *Mutex) dropDeadSemaphore(ctx context.Context, lock *api.KVPair) error {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	for _, r := range resp.Results {
+		e := r.KV
+		if e == nil || !semaphoreHeld(e) || e.Key == m.tailKey || strings.HasPrefix(e.Key, m.queuePrefix) {
+			continue
+		}
+		return fmt.Errorf("%w: %s is a semaphore's (api.Semaphore or `consul lock -n`: flags %#x), and %s is held by live session %s; "+
+			"a Mutex takes the name once no session holds a key under %s/ (a killed `consul lock -n` holds one until its session expires); "+
+			"to free it by hand, stop the semaphore's users and run `consul kv delete %s`",
+			holdfast.ErrConflict, m.lockKey, lock.Flags, e.Key, e.Session, m.name, m.lockKey)
+	}
+	_, err = m.s.txn(rctx, api.TxnOps{deleteCAS(m.lockKey, lock.ModifyIndex)})
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("delete the dead semaphore's "+m.lockKey, rb)
+	case rb != nil:
+		return nil // it changed since: read it again
+	}
+	return err
 }
 
 // compatibleLock returns an error wrapping holdfast.ErrConflict if the lock

@@ -44,6 +44,7 @@ consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestSta
 consul/permit-cas|./consul/|TestSemaphoreStaleTryLock
 consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
 consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
+consul/dead-semaphore-only|./consul/|TestDeadSemaphoreLockKey
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
 core/multi-order|./internal/core/|TestMultiNames
 core/multi-order|./tests/etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock

@@ -68,6 +68,9 @@ func (s Summary) String() string {
 		faults = append(faults, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(faults)
+	if len(faults) == 0 {
+		faults = []string{NoFaults}
+	}
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s
 operations: grants=%d lock_failures=%d sessions=%d lost=%d
@@ -234,7 +237,8 @@ type EtcdOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer     // faults as they happen; nil: none
-	// Faults are the kinds of fault injected (default EtcdFaults, all).
+	// Faults are the kinds of fault injected (default EtcdFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 4 s (twice the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -245,6 +249,10 @@ type EtcdOptions struct {
 	// the fault, not the holder's Unlock, ends the grant.
 	HolderFaults bool
 }
+
+// NoFaults, as the only element of Faults, runs a scenario without
+// faults: the baseline that grants per minute under faults are compared to.
+const NoFaults = "none"
 
 // EtcdFaults are the kinds of fault of the etcd scenario.
 var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key", "delete-holder-key"}
@@ -257,6 +265,9 @@ var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "fr
 func faultKinds(asked, all []string) ([]string, error) {
 	if len(asked) == 0 {
 		return all, nil
+	}
+	if len(asked) == 1 && asked[0] == NoFaults {
+		return nil, nil
 	}
 	for _, k := range asked {
 		if !slices.Contains(all, k) {
@@ -393,6 +404,10 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 func etcdFaults(ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	defer faults.mended()
+	if len(kinds) == 0 { // NoFaults
+		<-ctx.Done()
+		return nil
+	}
 	for ctx.Err() == nil {
 		faults.mended()
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
@@ -555,7 +570,8 @@ type ConsulOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer
-	// Faults are the kinds of fault injected (default ConsulFaults, all).
+	// Faults are the kinds of fault injected (default ConsulFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 12 s (past the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -666,6 +682,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
 			defer faults.mended()
+			if len(kinds) == 0 { // NoFaults
+				<-runCtx.Done()
+				return nil
+			}
 			for runCtx.Err() == nil {
 				faults.mended()
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)

@@ -71,6 +71,9 @@ func (s Summary) String() string {
 		faults = append(faults, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(faults)
+	if len(faults) == 0 {
+		faults = []string{NoFaults}
+	}
 	var shards string
 	if s.Shards > 0 {
 		shards = fmt.Sprintf("\nshards: %d, moved %d times", s.Shards, s.Moves)
@@ -241,7 +244,8 @@ type EtcdOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer     // faults as they happen; nil: none
-	// Faults are the kinds of fault injected (default EtcdFaults, all).
+	// Faults are the kinds of fault injected (default EtcdFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 4 s (twice the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -252,6 +256,10 @@ type EtcdOptions struct {
 	// the fault, not the holder's Unlock, ends the grant.
 	HolderFaults bool
 }
+
+// NoFaults, as the only element of Faults, runs a scenario without
+// faults: the baseline that grants per minute under faults are compared to.
+const NoFaults = "none"
 
 // EtcdFaults are the kinds of fault of the etcd scenario.
 var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key", "delete-holder-key"}
@@ -264,6 +272,9 @@ var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "fr
 func faultKinds(asked, all []string) ([]string, error) {
 	if len(asked) == 0 {
 		return all, nil
+	}
+	if len(asked) == 1 && asked[0] == NoFaults {
+		return nil, nil
 	}
 	for _, k := range asked {
 		if !slices.Contains(all, k) {
@@ -403,6 +414,10 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 func etcdFaults(ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	defer faults.mended()
+	if len(kinds) == 0 { // NoFaults
+		<-ctx.Done()
+		return nil
+	}
 	for ctx.Err() == nil {
 		faults.mended()
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
@@ -565,7 +580,8 @@ type ConsulOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer
-	// Faults are the kinds of fault injected (default ConsulFaults, all).
+	// Faults are the kinds of fault injected (default ConsulFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 12 s (past the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -679,6 +695,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
 			defer faults.mended()
+			if len(kinds) == 0 { // NoFaults
+				<-runCtx.Done()
+				return nil
+			}
 			for runCtx.Err() == nil {
 				faults.mended()
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)

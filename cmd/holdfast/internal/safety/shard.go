@@ -475,6 +475,10 @@ func runShardEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	err = r.run(runCtx, func(ctx context.Context) error {
 		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13))
 		defer r.faults.mended()
+		if len(kinds) == 0 { // NoFaults
+			<-ctx.Done()
+			return nil
+		}
 		for ctx.Err() == nil {
 			r.faults.mended()
 			sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
@@ -554,6 +558,10 @@ func runShardConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	err = r.run(runCtx, func(ctx context.Context) error {
 		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 17))
 		defer r.faults.mended()
+		if len(kinds) == 0 { // NoFaults
+			<-ctx.Done()
+			return nil
+		}
 		for ctx.Err() == nil {
 			r.faults.mended()
 			sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)

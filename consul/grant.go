@@ -53,8 +53,8 @@ type Grant struct {
 }
 
 // releaser is what a grant's algorithm does to end it in Consul: a Mutex's
-// (lockHold, queue.go), an Election's (campaignHold, campaign.go), a
-// Semaphore's or RWMutex's (permitHold, permits.go).
+// (lockHold, queue.go), an Election's (lockHold with resign, campaign.go),
+// a Semaphore's or RWMutex's (permitHold, permitleave.go).
 type releaser interface {
 	// release ends g in Consul after Unlock or a loss (see core.NewGrant).
 	release(ctx context.Context, g *Grant) error

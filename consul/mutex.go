@@ -147,7 +147,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, erro
 	wctx, cancel := m.s.bind(ctx)
 	defer cancel()
 	a := &acquisition{m: m, how: how}
-	fail := func(err error) error { return m.fail(ctx, wctx, err) }
+	fail := func(err error) error { return failed(ctx, wctx, m.s, m.name, err) }
 
 	var free func()
 	if try {
@@ -202,21 +202,4 @@ func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error)
 	}
 	m.reentry.Remember(g, g.base)
 	return g, nil
-}
-
-// fail picks the error a failed acquisition returns: the session's cause if
-// the session ended, else the caller's context error if it ended the call
-// (ctx is the caller's, wctx the one the acquisition ran under, which ends
-// with ctx or the session), err otherwise (etcd's order).
-func (m *Mutex) fail(ctx, wctx context.Context, err error) error {
-	if wctx.Err() == nil {
-		return err
-	}
-	if serr := m.s.alive(); serr != nil {
-		return serr
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("holdfast/consul: lock %s: %w", m.name, cerr)
-	}
-	return err
 }

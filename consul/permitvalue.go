@@ -19,6 +19,23 @@ func (st permitState) clone() permitState {
 	return permitState{limit: st.limit, holders: maps.Clone(st.holders)}
 }
 
+// decodeLock decodes a lock value: an RWMutex's if limit is 0, else a
+// Semaphore's (see decodeRWLock and decodeSemaphoreLock).
+func decodeLock(value []byte, limit int) (permitState, error) {
+	if limit == 0 {
+		return decodeRWLock(value)
+	}
+	return decodeSemaphoreLock(value, limit)
+}
+
+// encodeLock is the inverse of decodeLock.
+func encodeLock(st permitState) []byte {
+	if st.limit == 0 {
+		return encodeRWLock(st)
+	}
+	return encodeSemaphoreLock(st)
+}
+
 // semaphoreLock is api.Semaphore's lock value.
 type semaphoreLock struct {
 	Limit   int

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
-	"github.com/holdfast/holdfast/internal/core"
 )
 
 // RWMutex is a distributed, fair (FIFO), fenced read-write lock on Consul:
@@ -71,7 +70,7 @@ func NewRWMutex(s *Session, name string, opts ...holdfast.LockOption) (*RWMutex,
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	return &RWMutex{p: newPermits(s, "read-write lock", name, RWMutexFlagValue, 0)}, nil
+	return &RWMutex{p: newPermits(s, name, 0)}, nil
 }
 
 // Name returns the lock's name.
@@ -79,22 +78,28 @@ func (m *RWMutex) Name() string { return m.p.name }
 
 // Lock waits for the write lock (see Semaphore.Lock for errors, ctx and
 // cleanup).
-func (m *RWMutex) Lock(ctx context.Context) (*Grant, error) { return m.p.acquire(ctx, true, false) }
+func (m *RWMutex) Lock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, true, false, nil)
+}
 
 // TryLock takes the write lock only if nobody holds the lock or waits for
 // it; otherwise it returns an error wrapping holdfast.ErrLocked, having
 // written nothing.
-func (m *RWMutex) TryLock(ctx context.Context) (*Grant, error) { return m.p.acquire(ctx, true, true) }
+func (m *RWMutex) TryLock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, true, true, nil)
+}
 
 // RLock waits for a read lock: at once if only readers hold the lock and
 // nobody waits; behind every contender queued before it otherwise.
-func (m *RWMutex) RLock(ctx context.Context) (*Grant, error) { return m.p.acquire(ctx, false, false) }
+func (m *RWMutex) RLock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, false, false, nil)
+}
 
 // TryRLock takes a read lock only if no writer holds the lock and nobody
 // waits; otherwise it returns an error wrapping holdfast.ErrLocked, having
 // written nothing.
 func (m *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
-	return m.p.acquire(ctx, false, true)
+	return m.p.acquire(ctx, false, true, nil)
 }
 
 // Downgrade turns w, a write grant of this RWMutex, into a read grant with
@@ -130,15 +135,13 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	defer cancel()
 	ctx, stop := context.WithTimeout(ctx, requestTimeout)
 	defer stop()
-	if _, err := p.leave(ctx, nil, leaveDowngrade); err != nil {
+	if _, err := p.leave(ctx, leaveDowngrade); err != nil {
 		s.cleanUp(p.leftover(), free)
 		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", p.name, err)
 	}
-	g := &Grant{s: s, prefix: p.prefix, rel: &permitHold{p: p, free: free}}
-	g.base = core.NewGrant(s.keeper, s.bg, p.myKey, w.Token(), g.release, free)
-	s.hold(g)
-	if g.Context().Err() != nil {
-		return nil, s.alive() // the session ended meanwhile; Close releases the key
+	g, err := p.grant(uint64(w.Token()), false, free)
+	if err != nil {
+		return nil, err
 	}
 	g.base.Observed(p.name, time.Now())
 	return g, nil

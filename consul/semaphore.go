@@ -60,7 +60,7 @@ func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOptio
 		return nil, err
 	}
 	return &Semaphore{
-		p:       newPermits(s, "semaphore", name, SemaphoreFlagValue, limit),
+		p:       newPermits(s, name, limit),
 		reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant},
 	}, nil
 }
@@ -92,20 +92,7 @@ func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) { return m.lock
 // lock is Lock and TryLock: a reentrant hold if the option allows one,
 // after the checks of the arguments and the session (etcd's order).
 func (m *Semaphore) lock(ctx context.Context, try bool) (*Grant, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := m.p.s.alive(); err != nil {
-		return nil, err
-	}
-	if g, ok := m.reentry.Enter(); ok {
-		return g, nil
-	}
-	g, err := m.p.acquire(ctx, false, try)
-	if err == nil {
-		m.reentry.Remember(g, g.base)
-	}
-	return g, err
+	return m.p.acquire(ctx, false, try, &m.reentry)
 }
 
 // noReentry refuses holdfast.WithReentrant, which read-write locks do not

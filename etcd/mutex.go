@@ -12,8 +12,9 @@ import (
 // Mutex is a distributed, FIFO, fenced lock on etcd. Its keys are those of
 // concurrency.Mutex: "<name>/<lease ID in hex>", attached to the session's
 // lease; the holder is the key with the lowest create revision. Their value
-// is "holdfast lock" (concurrency.Mutex writes an empty one; neither reads
-// it), which tells Inspect who wrote them.
+// is "holdfast lock" (concurrency.Mutex writes an empty one), which tells
+// Inspect who wrote them; a join that finds its key with another value (a
+// key of our lease written before) puts it again.
 //
 // A lock's name may not be a prefix of another's at a "/": while the lock
 // "a/b" has keys (a holder or waiters), Lock and TryLock of "a" fail with an

@@ -52,6 +52,7 @@ consul/key-check|./consul/|TestKeyDeletedNoticed|TestKeyTakenOverNoticed|TestSta
 consul/permit-cas|./consul/|TestSemaphoreStaleTryLock
 consul/permit-release-check-session|./consul/|TestSemaphoreReleaseGuard
 consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
+consul/dead-semaphore-only|./consul/|TestDeadSemaphoreLockKey
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
 core/multi-order|./internal/core/|TestMultiNames
 core/multi-order|./tests/etcd/|TestMultiMutexFencedCounters
@@ -60,7 +61,9 @@ etcd/multi-txn-guard|./tests/etcd/|TestMultiGuardedTxn
 consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
 cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand/etcd/lock$
 cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
-cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand/etcd/lock$
+cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand|TestDeadlineStopsCommand
+cmd/term-grace|./cmd/holdfast/|TestShortPause
+cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn

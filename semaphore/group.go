@@ -26,9 +26,13 @@ const unlockTimeout = 5 * time.Second
 // once Wait has returned, its context is done, and functions passed to Go
 // after that are not called (their error is the failed wait for a permit).
 type Group struct {
-	parent context.Context // the context given to NewGroup
-	ctx    context.Context // errgroup's: cancelled by the first error or Wait
+	parent context.Context         // the context given to NewGroup
+	ctx    context.Context         // cancelled by the first error or Wait
+	cancel context.CancelCauseFunc // cancels ctx; called before a failed permit's release
 	eg     *errgroup.Group
+
+	errOnce sync.Once
+	err     error // the first error, recorded before its permit is released
 
 	mu   sync.Mutex
 	free []holdfast.Locker // lockers not in use by a running task
@@ -61,9 +65,10 @@ func NewGroup(ctx context.Context, lockers ...holdfast.Locker) (*Group, error) {
 			return nil, fmt.Errorf("%w: locker %d is nil", holdfast.ErrInvalidArgument, i)
 		}
 	}
-	eg, gctx := errgroup.WithContext(ctx)
+	eg, ectx := errgroup.WithContext(ctx)
 	eg.SetLimit(len(lockers))
-	return &Group{parent: ctx, ctx: gctx, eg: eg, free: append([]holdfast.Locker(nil), lockers...)}, nil
+	gctx, cancel := context.WithCancelCause(ectx)
+	return &Group{parent: ctx, ctx: gctx, cancel: cancel, eg: eg, free: append([]holdfast.Locker(nil), lockers...)}, nil
 }
 
 // Context returns the Group's context: done after the first error of a
@@ -89,7 +94,9 @@ func (g *Group) Context() context.Context { return g.ctx }
 // What f's call counts as, for Wait:
 //   - if no permit could be taken (the Group's context ended, the session
 //     ended, a limit conflict), f is not called, and the error is Lock's,
-//     wrapped;
+//     wrapped; nor is it called if the permit comes after the Group's
+//     context ended (the first error cancels it before its function's
+//     permit is released, so that permit never runs a waiting function);
 //   - if the permit was lost while f ran and f returns an error matching
 //     context.Canceled or context.DeadlineExceeded, the error also wraps
 //     the loss cause (so errors.Is(err, holdfast.ErrLost) holds);
@@ -104,11 +111,30 @@ func (g *Group) Go(f func(ctx context.Context) error) {
 	g.eg.Go(func() error { return g.run(f) })
 }
 
+// fail records err as the Group's first error (if it is) and cancels the
+// Group's context with it. run calls it before releasing the failed
+// function's permit, so a function waiting for that permit finds the
+// context done when it is granted, and does not run.
+func (g *Group) fail(err error) {
+	g.errOnce.Do(func() {
+		g.err = err
+		g.cancel(err)
+	})
+}
+
 // Wait blocks until every function passed to Go has returned and its permit
 // released (or left to its session's background), then returns the first
 // non-nil error (if any) from them, as errgroup.Group.Wait does, and
 // cancels the Group's context.
-func (g *Group) Wait() error { return g.eg.Wait() }
+func (g *Group) Wait() error {
+	err := g.eg.Wait()
+	g.cancel(context.Canceled)
+	g.errOnce.Do(func() {}) // no first error after Wait
+	if g.err != nil {
+		return g.err
+	}
+	return err
+}
 
 // permitKey is the context key under which run stores the permit.
 type permitKey struct{}
@@ -133,7 +159,9 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 
 	p, err := l.Lock(g.ctx)
 	if err != nil {
-		return fmt.Errorf("semaphore: wait for a permit: %w", err)
+		err = fmt.Errorf("semaphore: wait for a permit: %w", err)
+		g.fail(err)
+		return err
 	}
 	// Released once f has returned, after its context is cancelled.
 	defer func() {
@@ -141,6 +169,11 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 		_ = p.Unlock(uctx)
 		ucancel()
 	}()
+	if g.ctx.Err() != nil {
+		// Granted as the Group failed (the failing function's release
+		// freed this permit): f must not run.
+		return fmt.Errorf("semaphore: wait for a permit: %w", context.Cause(g.ctx))
+	}
 	ctx, cancel := context.WithCancelCause(context.WithValue(g.ctx, permitKey{}, p))
 	defer cancel(context.Canceled)
 	stop := context.AfterFunc(p.Context(), func() { cancel(context.Cause(p.Context())) })
@@ -155,6 +188,9 @@ func (g *Group) run(f func(ctx context.Context) error) error {
 		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 			err = fmt.Errorf("%w: permit lost: %w", err, lost)
 		}
+	}
+	if err != nil {
+		g.fail(err) // before the deferred release
 	}
 	return err
 }

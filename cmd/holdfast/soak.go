@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/holdfast/holdfast/cmd/holdfast/internal/safety"
@@ -33,11 +35,25 @@ Consul), so that faults find holders.
           outside, clients' connections blackholed or frozen (TTL 10 s,
           lock-delay 1 s)
 
+--faults picks the kinds of fault (comma-separated names from the list
+above, as -v prints them); --faults none runs without faults, the baseline
+for grants per minute under faults.
+
 --primitive all runs the mutex, the semaphore and the election in turn,
 each for --duration, on a fresh cluster each, and prints each summary.
 --primitive multi has the clients take a two-name lock (NAME and a second
 name, passed in a random order each time) as one grant; the checkers watch
 NAME.
+--primitive shard has the clients be the members of a group of 8 shards
+(package shard): each shard's work writes to its own fenced resource while
+it owns the shard, and each shard gets every checker below (for a shard, a
+client waits while any member runs). Its faults: the store's (etcd:
+stop-follower, stop-leader, cut-leader-peers; Consul: kill-leader,
+kill-follower, freeze-leader, freeze-follower), and members killed
+(kill-member: their connection cut and their work stopped at once, as
+kill -9 does; restarted at once with a new session), paused (pause-member:
+their connection frozen) and restarted (restart-member: a graceful leave,
+then a join).
 
 The checkers: the fence never accepted a lower token after a higher one;
 the history of grants and fenced writes is linearizable against a fenced
@@ -57,10 +73,11 @@ docs/SAFETY.md.`,
 
 func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), or all (mutex, semaphore, election in turn)")
+	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), shard (members of a group of 8 shards), or all (mutex, semaphore, election in turn)")
 	duration := fs.Duration("duration", time.Minute, "how long the scenario runs (each, with --primitive all)")
 	clients := fs.Int("clients", 4, "how many clients contend")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
+	faultList := fs.String("faults", "", "comma-separated kinds of fault to inject (default: every kind of the store's scenario); \"none\": a run without faults, the baseline for grants per minute")
 	return func(ctx context.Context, e *env, args []string) error {
 		switch {
 		case len(args) > 0:
@@ -76,6 +93,24 @@ func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if err != nil {
 			return err
 		}
+		var kinds []string
+		if *faultList != "" {
+			kinds = strings.Split(*faultList, ",")
+			known := safety.EtcdFaults
+			switch {
+			case *backend == "consul" && *primitive == string(safety.Shard):
+				known = safety.ConsulShardFaults
+			case *backend == "consul":
+				known = safety.ConsulFaults
+			case *primitive == string(safety.Shard):
+				known = safety.EtcdShardFaults
+			}
+			for _, k := range kinds {
+				if k != safety.NoFaults && !slices.Contains(known, k) || k == safety.NoFaults && len(kinds) > 1 {
+					return usagef("--faults %q: want none, or some of %s", *faultList, strings.Join(known, ","))
+				}
+			}
+		}
 		var log io.Writer
 		if *verbose {
 			log = e.stderr
@@ -88,9 +123,9 @@ func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			var s safety.Summary
 			var err error
 			if *backend == "etcd" {
-				s, err = safety.RunEtcd(ctx, safety.EtcdOptions{Duration: *duration, Clients: *clients, Primitive: p, Log: log})
+				s, err = safety.RunEtcd(ctx, safety.EtcdOptions{Duration: *duration, Clients: *clients, Primitive: p, Log: log, Faults: kinds})
 			} else {
-				s, err = safety.RunConsul(ctx, safety.ConsulOptions{Duration: *duration, Clients: *clients, Primitive: p, Log: log})
+				s, err = safety.RunConsul(ctx, safety.ConsulOptions{Duration: *duration, Clients: *clients, Primitive: p, Log: log, Faults: kinds})
 			}
 			fmt.Fprintln(e.stdout, s)
 			if err != nil {
@@ -133,10 +168,10 @@ func soakPrimitives(s string) ([]safety.Primitive, error) {
 	if s == "all" {
 		return safety.Primitives, nil
 	}
-	for _, p := range append(safety.Primitives, safety.Multi) {
+	for _, p := range append(safety.Primitives, safety.Multi, safety.Shard) {
 		if string(p) == s {
 			return []safety.Primitive{p}, nil
 		}
 	}
-	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi or all", s)
+	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi, shard or all", s)
 }

@@ -18,7 +18,9 @@ func TestSoakUsage(t *testing.T) {
 		{[]string{"soak", "--duration", "0s"}, "--duration must be positive"},
 		{[]string{"soak", "--clients", "1"}, "--clients must be at least 2"},
 		{[]string{"soak", "--backend", "redis"}, `--backend "redis"`},
-		{[]string{"soak", "--primitive", "rwmutex"}, `--primitive "rwmutex": want mutex, semaphore, election, multi or all`},
+		{[]string{"soak", "--primitive", "rwmutex"}, `--primitive "rwmutex": want mutex, semaphore, election, multi, shard or all`},
+		{[]string{"soak", "--faults", "kill-leader"}, `--faults "kill-leader": want none, or some of stop-follower,`},
+		{[]string{"soak", "--backend", "consul", "--faults", "none,kill-leader"}, `--faults "none,kill-leader": want none, or some of kill-leader,`},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, tc.args)
@@ -48,5 +50,20 @@ func TestSoakAllPrimitives(t *testing.T) {
 		if n := strings.Count(out, want); n != 3 {
 			t.Errorf("%q appears %d times, want 3 (one per primitive)", want, n)
 		}
+	}
+}
+
+// TestSoakNoFaults: --faults none runs the scenario without a fault, the
+// baseline for grants per minute.
+func TestSoakNoFaults(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, []string{"soak", "--backend", "etcd", "--faults", "none", "--duration", "3s"})
+	out := stdout.String()
+	t.Logf("\n%s%s", out, stderr.String())
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(out, "faults injected: none") || strings.Contains(out, "grants=0 ") {
+		t.Errorf("want a summary with grants and no fault injected")
 	}
 }

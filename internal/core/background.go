@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -75,28 +76,38 @@ type Backoff struct {
 	First, Max time.Duration
 	// Final reports the errors that retrying cannot change (nil: Final).
 	Final func(error) bool
+	// Tries bounds the attempts (0: no bound); after the last one, Retry
+	// returns its error.
+	Tries int
+	// Jitter makes each pause random, up to the doubling bound, so that
+	// contenders that collided do not collide again at once.
+	Jitter bool
 }
 
-// Retry calls attempt until it returns nil or a final error, or ctx ends;
-// pauses between calls double from b.First to b.Max. It returns the last
-// error if it is final (so a session's end comes before ctx's), else
-// ctx's cause once ctx has ended.
+// Retry calls attempt until it returns nil or a final error, ctx ends, or
+// b.Tries attempts were made; pauses between calls double from b.First to
+// b.Max. It returns the last error if it is final (so a session's end comes
+// before ctx's) or the last attempt's, else ctx's cause once ctx has ended.
 func (b Backoff) Retry(ctx context.Context, attempt func(context.Context) error) error {
 	pause, most, final := cmp.Or(b.First, RetryFirstPause), cmp.Or(b.Max, retryMaxPause), b.Final
 	if final == nil {
 		final = Final
 	}
-	for {
+	for try := 1; ; try++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if b.Attempt > 0 {
 			actx, cancel = context.WithTimeout(ctx, b.Attempt)
 		}
 		err := attempt(actx)
 		cancel()
-		if err == nil || final(err) {
+		if err == nil || final(err) || try == b.Tries {
 			return err
 		}
-		t := time.NewTimer(pause)
+		wait := pause
+		if b.Jitter {
+			wait = rand.N(pause)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -535,5 +535,29 @@ func TestBackoff(t *testing.T) {
 		if err := (Backoff{}).Retry(ctx, f.release); !errors.Is(err, holdfast.ErrSessionLost) {
 			t.Errorf("Retry with a final error and an ended ctx: %v, want ErrSessionLost", err)
 		}
+		// Tries bounds the attempts: the last one's error is returned.
+		f = newFakeStore(errTransport, errTransport, errTransport, errTransport)
+		if err := (Backoff{Tries: 3}).Retry(context.Background(), f.release); !errors.Is(err, errTransport) || f.releaseCalls() != 3 {
+			t.Errorf("Retry with Tries 3: %v after %d attempts, want errTransport after 3", err, f.releaseCalls())
+		}
+		// Jitter: each pause is at most its doubling bound (10, 20, 25, 25
+		// ms), and not always the bound itself.
+		jitter := Backoff{First: 10 * time.Millisecond, Max: 25 * time.Millisecond, Jitter: true}
+		var total time.Duration
+		for range 20 {
+			f = newFakeStore(errTransport, errTransport, errTransport, errTransport)
+			start = time.Now()
+			if err := jitter.Retry(context.Background(), f.release); err != nil {
+				t.Fatalf("Retry with Jitter: %v", err)
+			}
+			took := time.Since(start)
+			if took > 80*time.Millisecond {
+				t.Fatalf("Retry with Jitter took %v, want at most 80ms", took)
+			}
+			total += took
+		}
+		if total == 20*80*time.Millisecond {
+			t.Errorf("Retry with Jitter paused the full bound every time")
+		}
 	})
 }

@@ -53,6 +53,9 @@ type Summary struct {
 	// and their sum, each attributed to its nearest fault, and those over
 	// their bound (see CheckLiveness).
 	Liveness Liveness
+	// Shards and Moves: the shard primitive's group size, and how many
+	// times a shard moved from one member to another (shard.ErrMoved).
+	Shards, Moves int
 }
 
 // OK reports whether every checker passed.
@@ -68,18 +71,25 @@ func (s Summary) String() string {
 		faults = append(faults, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(faults)
+	if len(faults) == 0 {
+		faults = []string{NoFaults}
+	}
+	var shards string
+	if s.Shards > 0 {
+		shards = fmt.Sprintf("\nshards: %d, moved %d times", s.Shards, s.Moves)
+	}
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s
 operations: grants=%d lock_failures=%d sessions=%d lost=%d
 fenced writes: accepted=%d rejected=%d (stale)
 violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
 grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v
-liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals (by nearest fault: %s), over their bound %d`,
+liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals (by nearest fault: %s), over their bound %d%s`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
 		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
 		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
 		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond),
-		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, s.Liveness.BySum(), len(s.Liveness.Violations))
+		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, s.Liveness.BySum(), len(s.Liveness.Violations), shards)
 }
 
 // faultLog counts faults and measures notice and takeover times.
@@ -107,7 +117,7 @@ func (f *faultLog) count(kind string) {
 	}
 	f.counts[kind]++
 	at := f.h.Now()
-	f.spans = append(f.spans, Fault{Kind: kind, Start: at, End: -1, EndsSessions: kind != "delete-waiter-key"})
+	f.spans = append(f.spans, Fault{Kind: kind, Start: at, End: -1, EndsSessions: kind != "delete-waiter-key" && kind != "restart-member"})
 }
 
 // mended records that the fault injected last (if any) is mended.
@@ -234,7 +244,8 @@ type EtcdOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer     // faults as they happen; nil: none
-	// Faults are the kinds of fault injected (default EtcdFaults, all).
+	// Faults are the kinds of fault injected (default EtcdFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 4 s (twice the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -245,6 +256,10 @@ type EtcdOptions struct {
 	// the fault, not the holder's Unlock, ends the grant.
 	HolderFaults bool
 }
+
+// NoFaults, as the only element of Faults, runs a scenario without
+// faults: the baseline that grants per minute under faults are compared to.
+const NoFaults = "none"
 
 // EtcdFaults are the kinds of fault of the etcd scenario.
 var EtcdFaults = []string{"stop-follower", "stop-leader", "cut-leader-peers", "blackhole-client", "pause-client", "delete-waiter-key", "delete-holder-key"}
@@ -257,6 +272,9 @@ var ConsulFaults = []string{"kill-leader", "kill-follower", "freeze-leader", "fr
 func faultKinds(asked, all []string) ([]string, error) {
 	if len(asked) == 0 {
 		return all, nil
+	}
+	if len(asked) == 1 && asked[0] == NoFaults {
+		return nil, nil
 	}
 	for _, k := range asked {
 		if !slices.Contains(all, k) {
@@ -292,6 +310,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	if o.Primitive == Shard {
+		return runShardEtcd(ctx, o)
 	}
 	kinds, err := faultKinds(o.Faults, EtcdFaults)
 	if err != nil {
@@ -393,6 +414,10 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 func etcdFaults(ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, limit int, kinds []string, holderFaults bool, proxies []*embedtest.Proxy, w *Workload, faults *faultLog, logf func(string, ...any)) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	defer faults.mended()
+	if len(kinds) == 0 { // NoFaults
+		<-ctx.Done()
+		return nil
+	}
 	for ctx.Err() == nil {
 		faults.mended()
 		sleep(ctx, 500*time.Millisecond+time.Duration(rng.IntN(1000))*time.Millisecond)
@@ -555,7 +580,8 @@ type ConsulOptions struct {
 	Clients   int           // default 4
 	Primitive Primitive     // default Lock
 	Log       io.Writer
-	// Faults are the kinds of fault injected (default ConsulFaults, all).
+	// Faults are the kinds of fault injected (default ConsulFaults, all;
+	// NoFaults alone: none).
 	Faults []string
 	// LongHolds is the fraction of grants held for 12 s (past the TTL), so
 	// that faults find holders (default 0.2; negative: none; 1: all).
@@ -579,6 +605,9 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	if o.Primitive == Shard {
+		return runShardConsul(ctx, o)
 	}
 	kinds, err := faultKinds(o.Faults, ConsulFaults)
 	if err != nil {
@@ -666,6 +695,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		faultErr <- func() error {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
 			defer faults.mended()
+			if len(kinds) == 0 { // NoFaults
+				<-runCtx.Done()
+				return nil
+			}
 			for runCtx.Err() == nil {
 				faults.mended()
 				sleep(runCtx, time.Duration(1000+rng.IntN(2000))*time.Millisecond)

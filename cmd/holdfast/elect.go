@@ -22,12 +22,14 @@ var electCommand = &command{
 
 Campaigns in the election NAME with the proposal V and, once leader, runs CMD.
 If leadership is lost while CMD runs (session expired or revoked, key
-deleted), CMD is stopped as by "holdfast lock" (SIGTERM, then SIGKILL after
---kill-grace) and holdfast exits 122, or with --loop campaigns again and
-runs CMD anew once it wins. When CMD exits, holdfast resigns and exits with
-CMD's status. Signals are handled as by "holdfast lock" (see "holdfast help
-lock"). --timeout D gives up after D, connecting included (124 if not
-elected in time); --try campaigns only if the election has no leader.
+deleted), or its deadline comes near with no renewal confirmed, CMD is
+stopped as by "holdfast lock" (SIGTERM, then SIGKILL after --kill-grace, by
+the grant's deadline: see "holdfast help lock") and holdfast exits 122,
+or with --loop campaigns again and runs CMD anew once it wins. When CMD
+exits, holdfast resigns and exits with CMD's status. Signals are handled as
+by "holdfast lock" (see "holdfast help lock"). --timeout D gives up after D,
+connecting included (124 if not elected in time); --try campaigns only if
+the election has no leader.
 
 The key layout is the native one: on etcd that of concurrency.Election and
 "etcdctl elect NAME"; on Consul the lock key NAME/.lock of api.Lock and
@@ -51,7 +53,8 @@ Exit status:
   2               a usage or input error, found before any request: a bad
                   flag or argument, a missing or invalid NAME, a TTL out of
                   the store's range, a flag of the other store
-  122             leadership was lost while CMD ran; CMD was stopped
+  122             leadership was lost while CMD ran, or its deadline came
+                  near with no renewal confirmed; CMD was stopped
   124             not elected: --timeout elapsed while campaigning, or --try
                   found a leader
   125             holdfast failed once it went to the store: unreachable or

@@ -18,34 +18,41 @@ import (
 	"github.com/holdfast/holdfast/internal/mutant"
 )
 
-// CMD must not outlive holdfast's grant, even when holdfast cannot act:
-// killed (kill -9, the OOM killer) or merely stopped (SIGSTOP, Ctrl-Z, a
-// debugger), when it renews nothing and the store expires the grant while
-// CMD runs on. Two mechanisms, both set up by startGuarded:
+// CMD must not outlive holdfast's grant: it is dead (SIGKILL delivered to
+// its process group) by the grant's safe deadline (holdfast.Grant.Deadline),
+// whatever happens to holdfast: killed (kill -9, the OOM killer), stopped
+// (SIGSTOP, Ctrl-Z, a debugger), or alive but cut off from a store that no
+// longer confirms its renewals. Two mechanisms, both set up by
+// startGuarded:
 //
 //  1. On Linux the kernel sends CMD itself SIGKILL when holdfast dies
 //     (SysProcAttr.Pdeathsig, see guard_linux.go).
 //  2. On every Unix, a guard process (this binary run again, in its own
 //     session, ignoring the signals a terminal or holdfast's group gets)
 //     holds the read end of a pipe whose write end only holdfast has.
-//     Holdfast feeds it, every feedEvery, the grant's safe deadline (see
-//     holdfast.Grant.Deadline) on the system's monotonic clock
-//     (CLOCK_MONOTONIC, the same in both processes: the deadline is the
-//     one the grant's context ends at, computed from when the last
-//     acknowledged renewal was sent). The guard acts when the feed stops,
-//     that is when holdfast cannot run: from kill-grace before the
-//     deadline (or as soon as the feed is found stopped, if later) it
-//     sends CMD's process group SIGTERM (and SIGCONT, for a stopped CMD
-//     to handle it), and SIGKILL just before the deadline. When holdfast
-//     dies the kernel closes the write end; the guard reads EOF and sends
-//     SIGKILL at once. When CMD has exited, holdfast sends a stand-down
-//     message and the guard exits without killing.
+//     Holdfast feeds it, every feedEvery, the grant's deadline on the
+//     system's monotonic clock (CLOCK_MONOTONIC, the same in both
+//     processes: the deadline the grant's context ends at, computed from
+//     when the last acknowledged renewal was sent). The guard acts on the
+//     deadline alone, so the same rule holds whether holdfast is alive
+//     with the store silent (the deadline it feeds stops moving) or
+//     cannot run (the feed stops): it sends CMD's process group SIGTERM
+//     (and SIGCONT, for a stopped CMD to handle it) termGrace before the
+//     deadline, and SIGKILL killAhead before it. While renewals are
+//     confirmed the deadline keeps ahead of both: a renewal is sent every
+//     TTL/3 and moves the deadline to TTL - TTL/5 after it was sent, so
+//     the SIGTERM comes only once no renewal was confirmed for 3/5 of the
+//     TTL (a renewal late by 4/15 of the TTL, 4 s at the default 15 s,
+//     stops nothing). When holdfast dies the kernel closes the write end;
+//     the guard reads EOF and sends SIGKILL at once. When CMD has exited,
+//     holdfast sends a stand-down message and the guard exits without
+//     killing. The guard tells holdfast what it did on a second pipe, so
+//     that holdfast reports the stop as a loss (exit 122).
 //
-// While the feed flows, holdfast is alive and handles a loss itself; the
-// guard does nothing. When holdfast stops itself with CMD (job control,
-// Ctrl-Z) it says so first: CMD does not run until both are resumed, so
-// the guard only sends SIGKILL just before the deadline, and an "fg"
-// before it resumes both.
+// When holdfast stops itself with CMD (job control, Ctrl-Z) it says so
+// first: CMD does not run until both are resumed, so the guard sends no
+// SIGTERM (it would resume a stopped CMD), only SIGKILL at the deadline,
+// and an "fg" before it resumes both.
 
 // guardEnv names the environment variable that makes this binary a guard:
 // its value is "PGID,GRACE": the process group to stop and --kill-grace in
@@ -57,17 +64,32 @@ const (
 	feedEvery = 100 * time.Millisecond
 	// killAhead is how long before the deadline the guard sends SIGKILL.
 	killAhead = 20 * time.Millisecond
-	// A feed older than staleAfter(deadline-lastFeed) means holdfast
-	// cannot run: half the time that was left (the other half is CMD's
-	// grace at least), between minStale and maxStale.
-	minStale, maxStale = 150 * time.Millisecond, time.Second
 )
+
+// termGrace is how long before the grant's deadline the guard sends
+// SIGTERM: --kill-grace, but at most TTL/5. The deadline is TTL - TTL/5
+// after the last confirmed renewal was sent and renewals go every TTL/3,
+// so while they are confirmed the deadline never comes within TTL/5 of
+// now (it stays at least 7/15 of the TTL ahead): a longer grace would
+// stop CMD under a healthy grant.
+func termGrace(grace, ttl time.Duration) time.Duration {
+	if mutant.On("cmd/term-grace") {
+		return grace
+	}
+	return min(grace, ttl/5)
+}
 
 // The guard's messages: one byte, then a big-endian int64.
 const (
 	msgDeadline  = 'D' // the grant's safe deadline, CLOCK_MONOTONIC ns
 	msgStandDown = 'S' // CMD exited: exit without killing
 	msgJobStop   = 'Z' // holdfast stops with CMD (job control) until the next deadline
+)
+
+// What the guard did, one byte each on its second pipe to holdfast.
+const (
+	actTerm = 'T' // SIGTERM: the deadline is termGrace away
+	actKill = 'K' // SIGKILL: the deadline is here, or holdfast died
 )
 
 func init() {
@@ -86,13 +108,10 @@ func monoNow() int64 {
 	return ts.Nano()
 }
 
-func staleAfter(left time.Duration) time.Duration {
-	return min(max(left/2, minStale), maxStale)
-}
-
-// guardMain is the guard process: it reads holdfast's feed on fd 3 and
-// stops the process group pgid when the feed stops before the deadline it
-// last gave, or when the pipe ends without a stand-down.
+// guardMain is the guard process: it reads holdfast's feed on fd 3,
+// reports what it does on fd 4, and stops the process group pgid by the
+// deadline it was last fed (SIGTERM grace before it, SIGKILL just
+// before), or at once when the pipe ends without a stand-down.
 func guardMain(arg string) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	var id int
@@ -112,40 +131,42 @@ func guardMain(arg string) int {
 			msgs <- m
 		}
 	}()
+	report := os.NewFile(4, "holdfast-guard-report")
+	act := func(a byte, sig syscall.Signal) {
+		_, _ = report.Write([]byte{a}) // first: holdfast must know the stop is ours before it sees CMD's end
+		_ = syscall.Kill(-id, sig)
+	}
 	say := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "holdfast: guard: "+format+"\n", args...)
 	}
 	var deadline, fed int64 // CLOCK_MONOTONIC ns; deadline 0: none yet
-	// termed: SIGTERM was sent. jobStopped: holdfast stopped itself and
-	// CMD (Ctrl-Z): CMD does not run until "fg", so it is killed only at
-	// the deadline (a stopped command could not use a grace), and "fg"
-	// before it resumes both.
+	// termed: SIGTERM was sent; the deadline no longer moves (CMD's grace
+	// ends where it was). jobStopped: holdfast stopped itself and CMD
+	// (Ctrl-Z): CMD does not run until "fg", so it is killed only at the
+	// deadline (a stopped command could not use a grace), and "fg" before
+	// it resumes both.
 	termed, jobStopped := false, false
 	for {
-		// The next moment to look again: when the feed would be stale, or
-		// when the deadline asks for SIGTERM or SIGKILL.
+		// The next moment to look again: when the deadline asks for
+		// SIGTERM or SIGKILL.
 		wake := time.Duration(1<<62 - 1)
 		if deadline != 0 && !mutant.On("cmd/guard-deadline") {
 			now := monoNow()
 			left := time.Duration(deadline - now)
-			stale := jobStopped || time.Duration(now-fed) >= staleAfter(time.Duration(deadline-fed))
 			switch {
-			case stale && left <= killAhead:
-				say("holdfast has not run for %v, the grant's deadline is here: SIGKILL to the command's process group", time.Duration(now-fed).Round(time.Millisecond))
-				_ = syscall.Kill(-id, syscall.SIGKILL)
+			case left <= killAhead:
+				say("the grant's deadline is here and no renewal moved it (holdfast last ran %v ago): SIGKILL to the command's process group", time.Duration(now-fed).Round(time.Millisecond))
+				act(actKill, syscall.SIGKILL)
 				return 0
-			case stale && !termed && !jobStopped && left <= grace+killAhead:
-				say("holdfast has not run for %v, the grant's deadline is %v away: SIGTERM to the command's process group (SIGKILL before the deadline)", time.Duration(now-fed).Round(time.Millisecond), left.Round(time.Millisecond))
+			case !termed && !jobStopped && left <= grace+killAhead:
+				say("the grant's deadline is %v away and no renewal moved it (holdfast last ran %v ago): SIGTERM to the command's process group (SIGKILL before the deadline)", left.Round(time.Millisecond), time.Duration(now-fed).Round(time.Millisecond))
 				termed = true
-				_ = syscall.Kill(-id, syscall.SIGTERM)
+				act(actTerm, syscall.SIGTERM)
 				_ = syscall.Kill(-id, syscall.SIGCONT) // a stopped command gets its grace too
 			}
-			switch {
-			case !stale: // look again when it would be
-				wake = time.Duration(fed-now) + staleAfter(time.Duration(deadline-fed))
-			case termed, jobStopped:
+			if termed || jobStopped {
 				wake = left - killAhead
-			default:
+			} else {
 				wake = left - killAhead - grace
 			}
 			wake = max(wake, time.Millisecond)
@@ -155,14 +176,17 @@ func guardMain(arg string) int {
 		case m, ok := <-msgs:
 			t.Stop()
 			if !ok { // holdfast died: nobody renews, nobody escalates
-				_ = syscall.Kill(-id, syscall.SIGKILL)
+				act(actKill, syscall.SIGKILL)
 				return 0
 			}
 			switch m[0] {
 			case msgStandDown:
 				return 0
 			case msgDeadline:
-				deadline, fed, jobStopped = int64(binary.BigEndian.Uint64(m[1:])), monoNow(), false
+				fed, jobStopped = monoNow(), false
+				if !termed {
+					deadline = int64(binary.BigEndian.Uint64(m[1:]))
+				}
 			case msgJobStop:
 				jobStopped = true
 			}
@@ -178,25 +202,33 @@ type guard struct {
 	mu        sync.Mutex
 	w         *os.File // nil once stood down
 	suspended bool     // between jobStop and jobResume: no feed
+	// acted gets what the guard did (actTerm, actKill); closed when the
+	// guard ends.
+	acted chan byte
 }
 
 // startGuarded starts cmd in its own process group, stopped by the kernel
 // (Linux) should holdfast die, and by a guard process should holdfast die
-// or stop feeding it deadlines (see guard.feed) for grace before the last
-// one. If the guard cannot be started, CMD still runs; the returned
-// warning says what is missing.
-func startGuarded(cmd *exec.Cmd, grace time.Duration) (g *guard, warning error, err error) {
+// or the deadline it feeds (see guard.feed) come near: SIGTERM grace
+// before it, SIGKILL just before. If the guard cannot be started, CMD
+// still runs; the returned warning says what is missing.
+//
+// m is CMD's membership of jobCtl (see jobControl.start).
+func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, warning error, err error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
 	setParentDeathSignal(cmd.SysProcAttr)
-	onStarterThread(func() { err = cmd.Start() })
-	if err != nil {
-		return nil, nil, err
-	}
-	g, warning = newGuard(cmd.Process.Pid, grace)
-	return g, warning, nil
+	err = jobCtl.start(m, func() (int, *guard, error) {
+		onStarterThread(func() { err = cmd.Start() })
+		if err != nil {
+			return 0, nil, err
+		}
+		g, warning = newGuard(cmd.Process.Pid, grace)
+		return cmd.Process.Pid, g, nil
+	})
+	return g, warning, err
 }
 
 func newGuard(pgid int, grace time.Duration) (*guard, error) {
@@ -212,19 +244,46 @@ func newGuard(pgid int, grace time.Duration) (*guard, error) {
 		return nil, fmt.Errorf("no guard for the command (it may outlive a killed or stopped holdfast): %w", err)
 	}
 	defer r.Close()
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("no guard for the command (it may outlive a killed or stopped holdfast): %w", err)
+	}
+	defer rw.Close()
 	p := exec.Command(exe)
 	p.Env = []string{guardEnv + "=" + strconv.Itoa(pgid) + "," + strconv.FormatInt(int64(grace), 10)}
 	if m, ok := os.LookupEnv("HOLDFAST_MUTANT"); ok { // a mutant build's guard removes the same guard
 		p.Env = append(p.Env, "HOLDFAST_MUTANT="+m)
 	}
-	p.ExtraFiles = []*os.File{r}
+	p.ExtraFiles = []*os.File{r, rw}
 	p.Stderr = os.Stderr
 	p.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := p.Start(); err != nil {
 		w.Close()
+		rr.Close()
 		return nil, fmt.Errorf("no guard for the command (it may outlive a killed or stopped holdfast): %w", err)
 	}
-	return &guard{proc: p, w: w}, nil
+	g := &guard{proc: p, w: w, acted: make(chan byte, 2)}
+	go func() {
+		defer close(g.acted)
+		defer rr.Close()
+		var b [1]byte
+		for {
+			if _, err := rr.Read(b[:]); err != nil {
+				return
+			}
+			g.acted <- b[0]
+		}
+	}()
+	return g, nil
+}
+
+// actions is what the guard did, or nil (no guard).
+func (g *guard) actions() <-chan byte {
+	if g == nil {
+		return nil
+	}
+	return g.acted
 }
 
 func (g *guard) send(op byte, v int64) {

@@ -27,3 +27,7 @@ func setTerminalGroup(int, int) {}
 
 // childStopped is false: only on Linux does holdfast follow CMD's stops.
 func childStopped(int) bool { return false }
+
+// groupAlive reports whether a process of the process group pgid is
+// still there (a zombie counts).
+func groupAlive(pgid int) bool { return syscall.Kill(-pgid, 0) == nil }

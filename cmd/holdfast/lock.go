@@ -53,8 +53,9 @@ holding it, and releases it when CMD exits. With -n N (N > 1) it waits for
 one of N permits of the semaphore NAME instead; its layout is api.Semaphore's
 on Consul, so "consul lock -n N NAME" shares the permits. If the lock is lost while CMD
 runs (its session expired or was revoked, its key deleted), CMD is sent
-SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122: the lock
-is noticed lost before another client can be granted it.
+SIGTERM, then SIGKILL after --kill-grace (at the grant's deadline if that
+is sooner), and holdfast exits 122: the lock is noticed lost before another
+client can be granted it.
 
 With --and NAME2 (repeatable) it locks NAME, NAME2... as one grant: each an
 ordinary lock of its name, taken in sorted order whatever the order given,
@@ -87,9 +88,12 @@ CMD gets, besides holdfast's own environment:
 
 CMD runs in its own process group. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 and SIGUSR2 sent to holdfast are passed on to that group; holdfast releases
-the lock once CMD exits. While holdfast waits for the lock, SIGINT, SIGTERM,
-SIGHUP and SIGQUIT stop the wait (nothing is left in the store) and holdfast
-exits 128+signal.
+the lock once CMD exits, and once what CMD left running in its group (a
+command run with &) is gone: that gets SIGTERM, then SIGKILL after the
+kill grace (a process that left the group, setsid or a daemon, is not
+reached). While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
+SIGQUIT stop the wait (nothing is left in the store) and holdfast exits
+128+signal.
 
 With -v holdfast says on stderr where it waits, the token it got and that
 it released; --metrics-addr serves Prometheus metrics and --log text|json
@@ -103,14 +107,21 @@ meanwhile: CMD was then killed before its deadline and holdfast exits 122.
 Without a shell's job control (holdfast leads its session: ssh -t), Ctrl-Z
 does nothing.
 
-CMD does not outlive the grant when holdfast cannot act. A guard process
-started beside CMD knows the grant's deadline (holdfast tells it at every
-renewal): if holdfast is stopped (SIGSTOP, a debugger), the guard sends
-CMD's group SIGTERM --kill-grace before the deadline (at once if that is
-past) and SIGKILL just before it; if holdfast dies (kill -9), SIGKILL at
-once (on Linux the kernel also kills CMD). After a loss, holdfast waits at
-most 0.5 s for a silent store, whose expiry releases the rest. See the
-README for what remains.
+CMD is dead by the grant's deadline (after which the store may grant the
+lock to another client), whatever happens to holdfast. A guard process
+started beside CMD knows the deadline (holdfast tells it every 100 ms;
+each confirmed renewal, every TTL/3, moves it): when the deadline comes
+within --kill-grace, but at most TTL/5, with no renewal moving it (the
+store silent to holdfast, or holdfast stopped: SIGSTOP, a debugger), the
+guard sends CMD's group SIGTERM, then SIGKILL just before the deadline,
+and holdfast exits 122, even if renewals resumed meanwhile. The price: a
+store silent for 3/5 of the TTL (9 s at the default 15 s) cuts CMD short,
+and CMD gets at most TTL/5 (3 s) of --kill-grace then; a pause of holdfast
+or a late renewal that leaves the deadline further away stops nothing. If
+holdfast dies (kill -9), the guard sends SIGKILL at once (on Linux the
+kernel also kills CMD). After a loss, holdfast waits at most 0.5 s for a
+silent store, whose expiry releases the rest. See the README for what
+remains.
 
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);
@@ -118,7 +129,8 @@ Exit status:
   2               a usage or input error, found before any request: a bad
                   flag or argument, a missing or invalid NAME, a TTL out of
                   the store's range, a flag of the other store
-  122             the lock was lost while CMD ran; CMD was stopped
+  122             the lock was lost while CMD ran, or its deadline came
+                  near with no renewal confirmed; CMD was stopped
   124             not acquired: --timeout elapsed while waiting, or --try
                   found it held
   125             holdfast failed once it went to the store: unreachable or
@@ -136,7 +148,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	vis := addVisibilityFlags(fs)
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
 	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
-	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL")
+	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL; never past the grant's deadline, and at most TTL/5 when the store confirms no renewal (see above)")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	var also nameList
@@ -237,8 +249,11 @@ type runner struct {
 	try      bool
 	verbose  bool // -v: say what happens on stderr
 	extraEnv []string
-	native   bool     // set the native lock commands' variables too
-	also     []string // lock --and: the other names (for -v)
+	native   bool // set the native lock commands' variables too
+	// unrenewed: the grant is never renewed (once's claim): its deadline
+	// is fixed when CMD starts.
+	unrenewed bool
+	also      []string // lock --and: the other names (for -v)
 }
 
 // stopSignals end a wait for a grant; forwarded are passed on to the child.
@@ -329,6 +344,10 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		var ee exitError
 		if r.loop && errors.As(err, &ee) && ee.code == exitLost && ctx.Err() == nil {
 			fmt.Fprintf(r.e.stderr, "holdfast: %v; campaigning again\n", ee.err)
+			if errors.Is(ee.err, errStalled) { // still leader, maybe: a new session
+				closeSession(s, true)
+				s = nil
+			}
 			err = nil
 			continue
 		}
@@ -389,7 +408,11 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 	}
 	cmd.Env = append(cmd.Env, r.extraEnv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.e.stdout, r.e.stderr
-	werr, lostCause, err := runUnder(ctx, g, cmd, policing{name: name, what: r.what, grace: r.grace, stderr: r.e.stderr, sigs: sigs})
+	p := policing{name: name, what: r.what, grace: r.grace, stderr: r.e.stderr, sigs: sigs}
+	if !r.unrenewed {
+		p.ttl = s.TTL()
+	}
+	werr, lostCause, err := runUnder(ctx, g, cmd, p)
 	if err != nil {
 		r.release(s, g, name)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -421,7 +444,12 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 type policing struct {
 	name, what string        // for messages: NAME and "the lock", "leadership"...
 	grace      time.Duration // --kill-grace: between SIGTERM and SIGKILL
-	stderr     io.Writer     // where holdfast's messages go
+	// ttl is the session's TTL: with no renewal confirmed, CMD gets
+	// termGrace(grace, ttl) before the grant's deadline. 0: the grant is
+	// never renewed (a claim); its time left when CMD starts counts as
+	// the TTL.
+	ttl    time.Duration
+	stderr io.Writer // where holdfast's messages go
 	// sigs, if not nil, are signals to pass on to the command's process
 	// group (see forwarded).
 	sigs <-chan os.Signal
@@ -452,15 +480,14 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 			cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
 		}
 	}
-	jobs := tty >= 0 && underJobControl()
-	job := make(chan os.Signal, 4)
-	signal.Notify(job, syscall.SIGTSTP, syscall.SIGCHLD)
-	defer signal.Stop(job)
-	conts := make(chan os.Signal, 1)
-	signal.Notify(conts, syscall.SIGCONT)
-	defer signal.Stop(conts)
+	member := &jobMember{tty: tty, jobs: tty >= 0 && underJobControl(), g: g}
+	jobCtl.join(member)
+	defer jobCtl.leave(member)
 
-	guard, warning, err := startGuarded(cmd, p.grace)
+	if p.ttl == 0 {
+		p.ttl = time.Until(g.Deadline())
+	}
+	guard, warning, err := startGuarded(cmd, termGrace(p.grace, p.ttl), member)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -493,62 +520,38 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 
-	// suspend stops holdfast (its job, for a shell) with the command until
-	// SIGCONT, then resumes the command if the grant is still held.
-	suspend := func() {
-		if tty >= 0 && terminalGroup(tty) == pgid {
-			setTerminalGroup(tty, syscall.Getpgrp())
-		}
-		for len(conts) > 0 {
-			<-conts
-		}
-		guard.jobStop()
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		<-conts
-		guard.jobResume()
-		if g.Context().Err() != nil { // lost while stopped: the command must not run on
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			return
-		}
-		if tty >= 0 && terminalGroup(tty) == syscall.Getpgrp() { // fg, not bg
-			setTerminalGroup(tty, pgid)
-		}
-		_ = syscall.Kill(-pgid, syscall.SIGCONT)
-	}
-
 	lost := g.Context().Done()
 	stop := ctx.Done()
+	acted := guard.actions()
 	var kill <-chan time.Time
 wait:
 	for {
 		select {
 		case werr = <-done:
 			break wait
+		case _, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
+			if !ok {
+				acted = nil
+			} else if lostCause == nil && g.Context().Err() == nil {
+				lostCause = errStalled
+			}
 		case sig := <-p.sigs:
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-		case sig := <-job:
-			switch {
-			case sig == syscall.SIGTSTP: // kill -TSTP, or Ctrl-Z with the terminal not the command's
-				_ = syscall.Kill(-pgid, syscall.SIGSTOP)
-				suspend()
-			case tty >= 0 && childStopped(cmd.Process.Pid): // Ctrl-Z, or a read of the terminal in the background
-				switch {
-				case jobs: // a shell's job: stopped as one, resumed by fg or bg
-					suspend()
-				case terminalGroup(tty) == pgid: // Ctrl-Z with no shell to resume us: it does nothing
-					_ = syscall.Kill(-pgid, syscall.SIGCONT)
-				}
-			}
 		case <-stop: // our caller gave up (in-process use): as a SIGTERM
 			stop = nil
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		case <-lost:
 			lost = nil
-			lostCause = context.Cause(g.Context())
-			fmt.Fprintf(p.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", p.name, p.what, lossReason(lostCause))
+			cause := context.Cause(g.Context())
+			if lostCause == nil {
+				lostCause = cause
+			}
+			fmt.Fprintf(p.stderr, "holdfast: %s: lost %s: %s; stopping the command\n", p.name, p.what, lossReason(cause))
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			_ = syscall.Kill(-pgid, syscall.SIGCONT) // a stopped command handles it too
-			t := time.NewTimer(p.grace)
+			// SIGKILL after the grace, but by the grant's deadline (at
+			// once if the loss is its passing).
+			t := time.NewTimer(min(p.grace, time.Until(g.Deadline())))
 			defer t.Stop()
 			kill = t.C
 		case <-kill:
@@ -556,17 +559,57 @@ wait:
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	}
+	if lostCause == nil && g.Context().Err() == nil && groupAlive(pgid) && !mutant.On("cmd/release-group") {
+		// CMD exited, leaving processes in its group (a command run in
+		// the background with &): they must not run on without the
+		// grant, so they are stopped before the release.
+		fmt.Fprintf(p.stderr, "holdfast: %s: the command exited, leaving processes in its process group: SIGTERM to them (SIGKILL after --kill-grace) before the release\n", p.name)
+		stopGroup(pgid, min(p.grace, time.Until(g.Deadline())), p.sigs)
+	}
 	close(stopFeed)
 	<-fed
+	guard.standDown()
+	if acted != nil { // what the guard did before it stood down: CMD may have ended of it
+		for range acted {
+			if lostCause == nil && g.Context().Err() == nil {
+				lostCause = errStalled
+			}
+		}
+	}
 	if lostCause == nil && g.Context().Err() != nil && !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 		lostCause = context.Cause(g.Context()) // lost as the command ended
 	}
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the grant
 	}
-	guard.standDown()
 	return werr, lostCause, nil
 }
+
+// stopGroup sends the process group pgid SIGTERM, then SIGKILL once grace
+// has passed with a process of it still running; signals from sigs are
+// passed on meanwhile.
+func stopGroup(pgid int, grace time.Duration, sigs <-chan os.Signal) {
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	kill := time.NewTimer(grace)
+	defer kill.Stop()
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for groupAlive(pgid) {
+		select {
+		case sig := <-sigs:
+			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+		case <-poll.C:
+		case <-kill.C:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			return
+		}
+	}
+}
+
+// errStalled is the loss runUnder reports when the guard stopped CMD
+// because the grant's deadline came near with no renewal confirmed.
+var errStalled = errors.New("the grant's deadline came near with no renewal moving it (the store did not answer, or holdfast could not run): the command was stopped to be gone by then")
 
 // lostCloseTimeout bounds the close of a session after a loss: the store
 // may be silent (frozen, cut off), and what the close would remove it

@@ -40,8 +40,9 @@ session of its own) until CMD ends, or --at-most (default --every, at least
 the store's floor: etcd 2s, Consul 20s; at most 48h on Consul) if holdfast
 dies: later periods are skipped while it holds. CMD must finish within
 --at-most (on Consul, within half of it: Consul may expire a session from
-its TTL, AtMost/2, on); when the claim reaches its deadline CMD is sent
-SIGTERM, then SIGKILL after --kill-grace, and holdfast exits 122. holdfast exits leaving no lease or
+its TTL, AtMost/2, on); CMD is dead by the claim's deadline: it is sent
+SIGTERM --kill-grace before it (at most a fifth of the claim's time) and
+SIGKILL just before it, and holdfast exits 122. holdfast exits leaving no lease or
 session behind, CMD run or not, unless the store stopped answering before holdfast could destroy it:
 then it expires after its TTL.
 
@@ -145,7 +146,7 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		case *try:
 			bound = min(bound, tryBound)
 		}
-		r := runner{e: e, what: "the claim", grace: *grace, childCode: *childCode, bound: max(bound, time.Millisecond), try: true, verbose: *vis.verbose,
+		r := runner{e: e, what: "the claim", grace: *grace, childCode: *childCode, bound: max(bound, time.Millisecond), try: true, verbose: *vis.verbose, unrenewed: true,
 			extraEnv: []string{"HOLDFAST_PERIOD=" + period.Format(time.RFC3339)}}
 		err = r.run(ctx, sf, func(ctx context.Context, s *session) (holdfast.Grant, error) {
 			g, err := claim(ctx, s, name, sched, period)

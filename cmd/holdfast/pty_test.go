@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -345,6 +346,66 @@ func termBackground(t *testing.T, e *etcdtest.Cluster) {
 	sh.expect(t, "rc=0", 1)
 }
 
+// termShardJob: holdfast shard run from an interactive shell, owning
+// three shards: one Ctrl-Z stops every CMD and holdfast as one job, and
+// one fg resumes all of them. Before, each shard's CMD stopped holdfast
+// on its own: fg resumed it only for the next shard to stop it again, and
+// the shell showed the job stopped once per owned shard.
+func termShardJob(t *testing.T, e *etcdtest.Cluster) {
+	sh := startShell(t)
+	dir := t.TempDir()
+	const shards = 3
+	sh.typ(t, fmt.Sprintf(`holdfast shard --endpoints %s --shards %d tty/shards -- bash -c 'echo $$ > "$1/pid.$HOLDFAST_SHARD"; %s' sh %s`+"\n",
+		e.Endpoints()[0], shards, strings.ReplaceAll(heartbeat, `"$1"`, `"$1/beats.$HOLDFAST_SHARD"`), dir))
+	var cmds []int
+	var hf int
+	for i := range shards {
+		c, h := cmdPids(t, filepath.Join(dir, fmt.Sprintf("pid.%d", i)))
+		cmds, hf = append(cmds, c), h
+	}
+	counts := func() []int {
+		var n []int
+		for i := range shards {
+			_, c := lastStamp(t, filepath.Join(dir, fmt.Sprintf("beats.%d", i)))
+			n = append(n, c)
+		}
+		return n
+	}
+	states := func() string {
+		s := procState(hf)
+		for _, c := range cmds {
+			s += procState(c)
+		}
+		return s
+	}
+	eventually(t, 5*time.Second, "no heartbeat", func() bool { return !slices.Contains(counts(), 0) })
+
+	sh.typ(t, "\x1a")
+	sh.expect(t, "Stopped", 1)
+	eventually(t, 5*time.Second, "Ctrl-Z did not stop holdfast and every CMD", func() bool { return states() == "TTTT" })
+	stopped := counts()
+	time.Sleep(300 * time.Millisecond)
+	if !slices.Equal(counts(), stopped) {
+		t.Errorf("a CMD wrote while stopped: %v, then %v", stopped, counts())
+	}
+	sh.typ(t, "fg\n")
+	eventually(t, 5*time.Second, fmt.Sprintf("one fg did not resume holdfast and every CMD (states %s; terminal: %q)", states(), sh.out.String()), func() bool {
+		n := counts()
+		for i := range n {
+			if n[i] < stopped[i]+3 {
+				return false
+			}
+		}
+		return !strings.Contains(states(), "T")
+	})
+	time.Sleep(300 * time.Millisecond)
+	if strings.Count(sh.out.String(), "Stopped") != 1 || strings.Contains(states(), "T") {
+		t.Errorf("after one fg: states %s, terminal: %q: want every process running, stopped once", states(), sh.out.String())
+	}
+	sh.typ(t, "\x03")
+	eventually(t, 10*time.Second, "holdfast shard runs on after Ctrl-C", func() bool { return !running(hf) })
+}
+
 // TestTerminal: the terminal and job control cases, on one etcd (see
 // each function).
 func TestTerminal(t *testing.T) {
@@ -355,7 +416,7 @@ func TestTerminal(t *testing.T) {
 		run  func(*testing.T, *etcdtest.Cluster)
 	}{
 		{"Read", termRead}, {"JobControl", termJobControl}, {"StopSignal", termStopSignal},
-		{"NoJobControl", termNoJobControl}, {"Background", termBackground},
+		{"NoJobControl", termNoJobControl}, {"Background", termBackground}, {"ShardJob", termShardJob},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.run(t, e) })
 	}

@@ -102,7 +102,7 @@ func shardFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			}
 			return explain(err, group, sf.describe())
 		}
-		r := shardRunner{e: e, group: group, argv: argv, n: *n, grace: *grace, verbose: *vis.verbose}
+		r := shardRunner{e: e, group: group, argv: argv, n: *n, grace: *grace, ttl: s.TTL(), verbose: *vis.verbose}
 		cfg := shard.Config{Shards: *n, Member: *member, DrainTimeout: *grace + 5*time.Second, RetryMin: shardRestart}
 		for _, o := range sf.observers {
 			if so, ok := o.(shard.Observer); ok {
@@ -134,6 +134,7 @@ type shardRunner struct {
 	argv    []string
 	n       int
 	grace   time.Duration
+	ttl     time.Duration // the session's
 	verbose bool
 }
 
@@ -179,7 +180,7 @@ func (r shardRunner) work(ctx context.Context, sh shard.Shard, gr holdfast.Grant
 		}
 	}()
 	fmt.Fprintf(r.e.stderr, "holdfast: %s: shard %s: starting CMD (token %s)\n", r.group, sh.Name, gr.Token())
-	werr, lostCause, err := runUnder(rctx, gr, cmd, policing{name: name, what: "the shard", grace: r.grace, stderr: r.e.stderr, sigs: sigs})
+	werr, lostCause, err := runUnder(rctx, gr, cmd, policing{name: name, what: "the shard", grace: r.grace, ttl: r.ttl, stderr: r.e.stderr, sigs: sigs})
 	stopCmd()
 	<-escalated
 	switch {

@@ -273,6 +273,14 @@ func (s *session) Err() error {
 	return s.consul.Err()
 }
 
+// TTL is the session's TTL.
+func (s *session) TTL() time.Duration {
+	if s.etcd != nil {
+		return s.etcd.TTL()
+	}
+	return s.consul.TTL()
+}
+
 // Close closes the session: the store forgets whatever it still holds.
 func (s *session) Close() error {
 	if s.etcd != nil {

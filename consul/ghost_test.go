@@ -34,7 +34,7 @@ func TestLateHandoffRelocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := ft.Inject(embedtest.TxnHas(string(api.KVSet), s.tailKey), 1, embedtest.FaultLate)
+	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), s.tailKey), 1, embedtest.FaultLate)
 	f.Late = 50 * time.Millisecond
 	if g, err := s.Lock(timeout(t, 300*time.Millisecond)); err == nil {
 		_ = g.Unlock(timeout(t, 5*time.Second))

@@ -64,6 +64,11 @@ func writerAlone() bool { return true }
 // consul/permit-prune-dead-only).
 func prunable(live map[string]bool, h string) bool { return !live[h] }
 
+// semaphoreHeld reports whether e, a key under a name whose lock key is a
+// semaphore's, keeps a Mutex from deleting that lock key: it is held by a
+// session, a live holder's or waiter's (guard consul/dead-semaphore-only).
+func semaphoreHeld(e *api.KVPair) bool { return e.Session != "" }
+
 // keyCheck says that the session checks its held lock keys after every
 // renewal (guard consul/key-check).
 func keyCheck() bool { return true }

@@ -75,6 +75,10 @@ func prunable(live map[string]bool, h string) bool {
 	return !live[h] || mutant.On("consul/permit-prune-dead-only")
 }
 
+func semaphoreHeld(e *api.KVPair) bool {
+	return e.Session != "" && !mutant.On("consul/dead-semaphore-only")
+}
+
 func keyCheck() bool { return !mutant.On("consul/key-check") }
 
 func sessionWatch() bool { return !mutant.On("consul/session-watch") }

@@ -161,7 +161,7 @@ func TestLateQueueUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := ft.Inject(embedtest.TxnHas(string(api.KVSet), s.tailKey), 1, embedtest.FaultLate)
+	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), s.tailKey), 1, embedtest.FaultLate)
 	f.Late = 100 * time.Millisecond
 	if g, err := s.Lock(timeout(t, time.Second)); err == nil {
 		_ = g.Unlock(timeout(t, 5*time.Second))
@@ -290,8 +290,8 @@ func TestDeadKeysUnderName(t *testing.T) {
 
 // TestDeadHolderLeftovers (issue 25, defect 6b's state): S was handed the
 // lock, then its session ended while S could not reach Consul (a 60 s
-// freeze: its process gave up and exited), so its entry, held mark and the
-// link behind it stay, freed. They refuse nobody: the next contender takes
+// freeze: its process gave up and exited), so with Behavior release its
+// entry, held mark and the link behind it stay, freed. They refuse nobody: the next contender takes
 // the lock, drops them, and once it unlocks nothing is left.
 func TestDeadHolderLeftovers(t *testing.T) {
 	t.Parallel()
@@ -300,7 +300,7 @@ func TestDeadHolderLeftovers(t *testing.T) {
 	name := uniqueName(t)
 	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
 	p, pc := proxied(t, a)
-	ss := newSession(t, pc, WithLockDelay(0))
+	ss := newSession(t, pc, WithLockDelay(0), WithBehavior(api.SessionBehaviorRelease))
 	t.Cleanup(p.Mend) // before ss.Close
 	s := newMutex(t, ss, name)
 	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
@@ -345,8 +345,8 @@ func TestDeadHolderLeftovers(t *testing.T) {
 
 // TestDeadEntryDroppedAfterRefusal: S holds, W waits linked behind it; S is
 // cut off (as by a partition, or kill -9) and its session ends (destroyed
-// here, as Consul expires it: Behavior release leaves S's entry and held
-// mark, free). W meets them as dead, and its request that deletes them is
+// here, as Consul expires it: with Behavior release, S's entry and held
+// mark stay, free). W meets them as dead, and its request that deletes them is
 // refused once. W is granted, and S's dead keys are gone within the cleanup
 // bound all the same. Before, the deletion was tried once: S's entry and
 // held mark stayed for good, since the queue is not read again on the way
@@ -358,7 +358,7 @@ func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
 	admin := a.Client(t)
 	name := uniqueName(t)
 	px, sc := proxied(t, a)
-	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0), WithBehavior(api.SessionBehaviorRelease)), name)
 	wc, ft := faultClient(t, a)
 	w := newMutex(t, newSession(t, wc, WithLockDelay(0)), name)
 	if _, err := s.Lock(timeout(t, 5*time.Second)); err != nil {
@@ -394,7 +394,7 @@ func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
 
 // TestTryLockDropsDeadEntries: a holder S is cut off (kill -9, a
 // partition) and its session ends (destroyed here, as Consul expires it:
-// Behavior release leaves its entry, held mark, tail key and lock key,
+// with Behavior release, its entry, held mark, tail key and lock key stay,
 // free). A TryLock of another session takes the lock, and once it is
 // unlocked nothing is left under the name. Before, TryLock read the dead
 // entry and left it: S's entry and held mark stayed for good (seen with
@@ -405,7 +405,7 @@ func TestTryLockDropsDeadEntries(t *testing.T) {
 	admin := a.Client(t)
 	name := uniqueName(t)
 	px, sc := proxied(t, a)
-	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
+	s := newMutex(t, newSession(t, sc, WithLockDelay(0), WithBehavior(api.SessionBehaviorRelease)), name)
 	if _, err := s.Lock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

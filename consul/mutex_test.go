@@ -465,10 +465,10 @@ func TestSessionOptionsOnTheWire(t *testing.T) {
 		behav  string
 		checks []string
 	}{
-		{nil, 15 * time.Second, "15s", "release", nil},
-		{[]SessionOption{WithLockDelay(0), WithTTL(10 * time.Second)}, 0, "10s", "release", nil},
-		{[]SessionOption{WithLockDelay(1500 * time.Millisecond), WithBehavior(api.SessionBehaviorDelete)}, 1500 * time.Millisecond, "15s", "delete", nil},
-		{[]SessionOption{WithNodeChecks("serfHealth"), WithSessionName("named")}, 15 * time.Second, "15s", "release", []string{"serfHealth"}},
+		{nil, 15 * time.Second, "15s", "delete", nil},
+		{[]SessionOption{WithLockDelay(0), WithTTL(10 * time.Second)}, 0, "10s", "delete", nil},
+		{[]SessionOption{WithLockDelay(1500 * time.Millisecond), WithBehavior(api.SessionBehaviorRelease)}, 1500 * time.Millisecond, "15s", "release", nil},
+		{[]SessionOption{WithNodeChecks("serfHealth"), WithSessionName("named")}, 15 * time.Second, "15s", "delete", []string{"serfHealth"}},
 	}
 	for i, tc := range cases {
 		s := newSession(t, c, tc.opts...)

@@ -96,7 +96,26 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 // absent only while nobody queues or holds through the queue: it is
 // deleted, guarded by its index, with the last entry (a release that finds
 // nobody behind it, a repair that finds no live entry).
+//
+// The tail key is acquired with the session of the entry it names (a
+// delete then a lock, in the transaction that writes it), so that Consul
+// deletes it with that session's other keys when it invalidates the
+// session (Behavior delete): a contender cut off for good leaves no tail
+// naming it. While a lock-delay is in effect on the tail key (its last
+// holder's session was invalidated), it is written plain instead (see
+// tailOps); a reader treats both alike.
 const tailSuffix = "/.tail"
+
+// tailOps returns the operations that point the tail key at an entry of
+// session, with value: delete it, then acquire it with session (plain: set
+// it, with no session, for when a lock-delay refuses the acquire).
+func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
+	write := &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey, Session: session, Value: value}}
+	if plain {
+		write = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: value}}
+	}
+	return api.TxnOps{kvOp(api.KVDelete, m.tailKey), write}
+}
 
 // tailEntry returns the entry that the tail key names (ok false if absent
 // or unreadable).
@@ -227,6 +246,14 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
+		if semaphore(v.lock) {
+			if err := m.dropDeadSemaphore(ctx, v.lock); err != nil {
+				return 0, err
+			}
+			if v, err = a.read(ctx); err != nil {
+				return 0, err
+			}
+		}
 		if err := m.compatible(v); err != nil {
 			return 0, err
 		}
@@ -274,6 +301,16 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, err
+		}
+		if semaphore(lock) {
+			if err := m.dropDeadSemaphore(ctx, lock); err != nil {
+				return 0, err
+			}
+			var err error
+			if lock, err = a.get(ctx, m.lockKey); err != nil {
+				return 0, err
+			}
+			continue
 		}
 		if err := m.compatibleLock(lock); err != nil {
 			return 0, err
@@ -356,6 +393,12 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 		case out == taken:
 			return token, nil
 		case out == delayed:
+			if a.notBefore.IsZero() && a.known {
+				// Our predecessor's anchor was deleted, not freed (Behavior
+				// delete): it died, or it left and another holder did. The
+				// delay started at most now.
+				a.notBefore = time.Now().Add(a.delay)
+			}
 			if !sleep(ctx, a.delayLeft()) {
 				return 0, ctx.Err()
 			}
@@ -505,7 +548,10 @@ func (a *acquisition) delayLeft() time.Duration {
 // ModifyIndex). The token is the ModifyIndex of that write.
 func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (uint64, outcome, error) {
 	m := a.m
+	plain := false // the tail key written plain (see tailOps)
+again:
 	ops := a.how.write(m, seen)
+	tailAt := -1 // the index of the tail key's write
 	if first {
 		guard := kvOp(api.KVCheckNotExists, m.tailKey)
 		if tail != nil {
@@ -513,8 +559,9 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		}
 		ops = append(ops, guard,
 			kvOp(api.KVDeleteTree, m.queueKey),
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}})
+			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}})
+		tailAt = len(ops) + 1
+		ops = append(ops, m.tailOps(m.s.id, []byte(m.s.id), plain)...)
 	}
 	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -524,6 +571,10 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	var rb *rollback
 	switch {
 	case err == nil:
+	case errors.As(err, &rb) && !plain && rb.delayedOnly(tailAt):
+		plain = true
+		cancel()
+		goto again
 	case errors.As(err, &rb) && rb.denied():
 		return 0, 0, txnError("acquire "+m.lockKey, rb)
 	case rb != nil && rb.lockDelayed():
@@ -555,14 +606,14 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 // with its subtree, so that our place is always at the back.
 func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
-	ops := api.TxnOps{
-		kvOp(api.KVGetOrEmpty, m.tailKey),
-		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: []byte(m.s.id)}},
+	plain := false // the tail key written plain (see tailOps)
+again:
+	ops := append(append(api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey)}, m.tailOps(m.s.id, []byte(m.s.id), plain)...),
 		kvOp(api.KVGetTree, m.queueKey+"/"),
 		kvOp(api.KVDeleteTree, m.queueKey),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
 		kvOp(api.KVGetOrEmpty, m.lockKey),
-	}
+	)
 	a.left = true
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -570,6 +621,10 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	var rb *rollback
 	switch {
 	case err == nil:
+	case errors.As(err, &rb) && !plain && rb.delayedOnly(2):
+		plain = true
+		cancel()
+		goto again
 	case errors.As(err, &rb) && rb.denied():
 		return nil, txnError("queue up on "+m.name, rb)
 	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
@@ -651,6 +706,9 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 			v, err := a.read(ctx)
 			if err != nil {
 				return nil, err
+			}
+			if semaphore(v.lock) {
+				return names, m.dropDeadSemaphore(ctx, v.lock) // then the queue-up reads the lock key again
 			}
 			return names, m.compatible(v)
 		}
@@ -937,6 +995,51 @@ func (m *Mutex) compatible(v view) error {
 	return nil
 }
 
+// semaphore reports whether lock is a semaphore's lock key (api.Semaphore's
+// flags: api.Semaphore, `consul lock -n N`).
+func semaphore(lock *api.KVPair) bool { return lock != nil && lock.Flags == api.SemaphoreFlagValue }
+
+// dropDeadSemaphore deletes lock, a semaphore's lock key (see semaphore),
+// if no live session can hold that semaphore any more: no key under the
+// name outside our queue is held by a session (api.Semaphore's holders and
+// waiters each hold a contender key, which their sessions delete as they
+// end, and api.Semaphore.Destroy counts only the holders that have one). The
+// delete is guarded by the index read, as Destroy's; if it fails, the key
+// changed, and the caller reads it again. A live semaphore is an error
+// wrapping holdfast.ErrConflict that says how to free the name (before, a
+// Mutex refused the name for ever once a `consul lock -n` was killed:
+// TestDeadSemaphoreLockKey).
+func (m *Mutex) dropDeadSemaphore(ctx context.Context, lock *api.KVPair) error {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb):
+		return txnError("read "+m.name, rb)
+	case err != nil:
+		return err
+	}
+	for _, r := range resp.Results {
+		e := r.KV
+		if e == nil || !semaphoreHeld(e) || e.Key == m.tailKey || strings.HasPrefix(e.Key, m.queuePrefix) {
+			continue
+		}
+		return fmt.Errorf("%w: %s is a semaphore's (api.Semaphore or `consul lock -n`: flags %#x), and %s is held by live session %s; "+
+			"a Mutex takes the name once no session holds a key under %s/ (a killed `consul lock -n` holds one until its session expires); "+
+			"to free it by hand, stop the semaphore's users and run `consul kv delete %s`",
+			holdfast.ErrConflict, m.lockKey, lock.Flags, e.Key, e.Session, m.name, m.lockKey)
+	}
+	_, err = m.s.txn(rctx, api.TxnOps{deleteCAS(m.lockKey, lock.ModifyIndex)})
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return txnError("delete the dead semaphore's "+m.lockKey, rb)
+	case rb != nil:
+		return nil // it changed since: read it again
+	}
+	return err
+}
+
 // compatibleLock returns an error wrapping holdfast.ErrConflict if the lock
 // key exists with flags other than a lock's (a semaphore's, say).
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
@@ -1048,9 +1151,10 @@ func (g *lockHold) pass(ctx context.Context) error {
 }
 
 // alone releases the lock when nobody queued behind us: [check-session,
-// delete-cas of the tail key at the index it had when it named our entry
-// (or check that it is absent), delete the lock key, delete our entry and
-// its subtree]. A waiter that queued behind us moved the tail key: errStale.
+// check-index of the tail key at the index it had when it named our entry
+// and its delete (or check that it is absent), delete the lock key, delete
+// our entry and its subtree]. A waiter that queued behind us moved the tail
+// key, or it went with that waiter's session: errStale.
 func (g *lockHold) alone(ctx context.Context) error {
 	m := g.m
 	ops := releaseGuard(m.lockKey, m.s.id)
@@ -1058,7 +1162,12 @@ func (g *lockHold) alone(ctx context.Context) error {
 	if g.tailIndex == 0 {
 		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
 	} else {
-		ops = append(ops, deleteCAS(m.tailKey, g.tailIndex))
+		// A check-index, not a delete-cas (which succeeds on an absent
+		// key): a tail key deleted with the session of a waiter that
+		// queued behind us (Behavior delete) leaves that waiter's anchor
+		// on us, which look's read then deletes (before, it stayed while
+		// our session lived: TestExpiredSessionLeavesNothing).
+		ops = append(ops, checkIndex(m.tailKey, g.tailIndex), kvOp(api.KVDelete, m.tailKey))
 	}
 	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
 	return g.send(ctx, ops, held)

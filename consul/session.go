@@ -119,11 +119,14 @@ func WithMargin(d time.Duration) SessionOption {
 // end of the delay (not rounded up to 5 s retry ticks as with api.Lock).
 func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig) { c.lockDelay = d } }
 
-// WithBehavior sets what Consul does to the session's keys when it
-// invalidates the session: api.SessionBehaviorRelease (the default; lock keys
-// stay, unlocked) or api.SessionBehaviorDelete (they are deleted). Anything
-// else is an error wrapping holdfast.ErrInvalidArgument. Either works for
-// locks; holdfast deletes its own keys when it can.
+// WithBehavior sets what Consul does to the keys the session holds when it
+// invalidates the session (its TTL expired, it was destroyed):
+// api.SessionBehaviorDelete (the default: they are deleted, so a holder or
+// waiter that was cut off or killed leaves nothing under the name) or
+// api.SessionBehaviorRelease (api.Lock's: they stay, unlocked, until the
+// next contender of the name reads and deletes them). Anything else is an
+// error wrapping holdfast.ErrInvalidArgument. The lock-delay applies
+// either way.
 func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.behavior = b } }
 
 // WithNodeChecks ties the session to health checks of the agent's node (for
@@ -172,7 +175,7 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{
 		ttl:       DefaultTTL,
 		lockDelay: DefaultLockDelay,
-		behavior:  api.SessionBehaviorRelease,
+		behavior:  api.SessionBehaviorDelete,
 		name:      DefaultSessionName,
 	}
 	for _, o := range opts {

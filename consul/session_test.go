@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
@@ -266,7 +268,7 @@ func TestDial(t *testing.T) {
 // TestLostHolderLeavesNothing: a lone holder whose session ends (destroyed
 // here, as Consul invalidates an expired one) leaves no key behind once its
 // Session is closed: its entry, held mark and tail key, and the lock key,
-// which Behavior release leaves free (before, the lock key stayed, free,
+// which Behavior release (chosen here) leaves free (before, the lock key stayed, free,
 // after the holder's process exited: seen with a `holdfast lock` paused past
 // its session's expiry).
 func TestLostHolderLeavesNothing(t *testing.T) {
@@ -274,7 +276,7 @@ func TestLostHolderLeavesNothing(t *testing.T) {
 	a := agent(t)
 	admin := a.Client(t)
 	name := uniqueName(t)
-	s := newSession(t, a.Client(t), WithLockDelay(0))
+	s := newSession(t, a.Client(t), WithLockDelay(0), WithBehavior(api.SessionBehaviorRelease))
 	g, err := newMutex(t, s, name).Lock(timeout(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)

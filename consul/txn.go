@@ -112,6 +112,17 @@ func (r *rollback) lockDelayed() bool { return r.has("due to lock delay") }
 // longer exists.
 func (r *rollback) sessionGone() bool { return r.has("invalid session") }
 
+// delayedOnly reports whether the only operation that failed is operation
+// i, refused because of a lock-delay.
+func (r *rollback) delayedOnly(i int) bool {
+	for _, e := range r.errs {
+		if e.OpIndex != i || !strings.Contains(e.What, "due to lock delay") {
+			return false
+		}
+	}
+	return len(r.errs) > 0
+}
+
 // failed reports whether operation i failed.
 func (r *rollback) failed(i int) bool {
 	for _, e := range r.errs {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -257,7 +258,7 @@ func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader,
 		}
 		c, err := clientv3.New(cfg)
 		if err != nil {
-			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err))}
+			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err, probeTime))}
 		}
 		return etcdReader{c: c, tls: cfg.TLS}, nil
 	case "consul":
@@ -295,40 +296,73 @@ type etcdReader struct {
 func (r etcdReader) close() { r.c.Close() }
 
 func (r etcdReader) read(ctx context.Context, name string) (*holdfast.State, error) {
+	// The diagnosis of a read that times out is made within ctx's bound:
+	// its probes start probeTime before the deadline, while the read
+	// still waits (and are not made at all if the read is answered).
+	var diag chan string
+	if dl, ok := ctx.Deadline(); ok {
+		probe := min(probeTime, time.Until(dl)/4)
+		diag = make(chan string, 1)
+		t := time.AfterFunc(time.Until(dl)-probe, func() { diag <- diagnose(r.c.Endpoints(), r.tls, context.DeadlineExceeded, probe) })
+		defer t.Stop()
+	}
 	var st *holdfast.State
 	err := failFastRefused(ctx, r.c.Endpoints(), func(ctx context.Context) (err error) {
 		st, err = hfetcd.Inspect(ctx, r.c, name)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w%s", err, diagnose(r.c.Endpoints(), r.tls, err))
+		d := ""
+		if errors.Is(err, context.DeadlineExceeded) && diag != nil {
+			t := time.NewTimer(20 * time.Millisecond) // the probes end with the bound
+			select {
+			case d = <-diag:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		return nil, fmt.Errorf("%w%s", err, d)
 	}
 	return st, nil
 }
 
+// probeTime bounds diagnose's probe of each endpoint.
+const probeTime = 500 * time.Millisecond
+
 // diagnose says why etcd could not be reached in time (its client waits
 // for a connection until the deadline), from one TLS or TCP probe of each
-// endpoint: "" if the error is another, or if an endpoint looks fine.
-func diagnose(endpoints []string, tlsCfg *tls.Config, err error) string {
+// endpoint, each bounded by probe (the endpoints are probed at once): ""
+// if the error is another, or if an endpoint looks fine.
+func diagnose(endpoints []string, tlsCfg *tls.Config, err error, probe time.Duration) string {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return ""
 	}
+	results := make([]error, len(endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range endpoints {
+		wg.Go(func() { results[i] = probeEndpoint(ep, tlsCfg, probe) })
+	}
+	wg.Wait()
 	var errs []string
-	for _, ep := range endpoints {
-		host, cfg := ep, tlsCfg
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			host = u.Host
-			if cfg == nil && u.Scheme == "https" {
-				cfg = &tls.Config{} // the system's roots
-			}
-		}
-		err := tlsfiles.Probe(host, cfg, 500*time.Millisecond)
+	for _, err := range results {
 		if err == nil {
 			return ""
 		}
 		errs = append(errs, err.Error())
 	}
 	return "; " + strings.Join(errs, "; ")
+}
+
+// probeEndpoint is one of diagnose's probes.
+func probeEndpoint(ep string, tlsCfg *tls.Config, probe time.Duration) error {
+	host, cfg := ep, tlsCfg
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		host = u.Host
+		if cfg == nil && u.Scheme == "https" {
+			cfg = &tls.Config{} // the system's roots
+		}
+	}
+	return tlsfiles.Probe(host, cfg, probe)
 }
 
 func (r etcdReader) wait(ctx context.Context, name string, index uint64) error {

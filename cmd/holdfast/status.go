@@ -50,6 +50,8 @@ time the keys under NAME change (in place on a terminal), until interrupted.
 
 --timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store that
 does not answer within it, or refuses the connection, ends status with 125.
+--watch checks every --timeout that the store still answers: one that went
+silent ends it with 125 within twice --timeout.
 
 Exit status:
   0               the state was shown; --watch was interrupted
@@ -260,7 +262,7 @@ func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader,
 		if err != nil {
 			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err, probeTime))}
 		}
-		return etcdReader{c: c, tls: cfg.TLS}, nil
+		return etcdReader{c: c, tls: cfg.TLS, timeout: timeout}, nil
 	case "consul":
 		sec, err := f.secure()
 		if err != nil {
@@ -282,15 +284,16 @@ func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader,
 		if err != nil {
 			return nil, exitError{exitFailed, fmt.Errorf("%s: %w", f.describe(), err)}
 		}
-		return consulReader{c}, nil
+		return consulReader{c: c, timeout: timeout}, nil
 	default:
 		return nil, usagef("--backend %q: want etcd or consul", *f.backend)
 	}
 }
 
 type etcdReader struct {
-	c   *clientv3.Client
-	tls *tls.Config // for a diagnosis
+	c       *clientv3.Client
+	tls     *tls.Config   // for a diagnosis
+	timeout time.Duration // --timeout: see wait
 }
 
 func (r etcdReader) close() { r.c.Close() }
@@ -365,24 +368,49 @@ func probeEndpoint(ep string, tlsCfg *tls.Config, probe time.Duration) error {
 	return tlsfiles.Probe(host, cfg, probe)
 }
 
+// wait returns once the keys under name changed after index. A watch on
+// a link that went silent waits for ever, so every --timeout it also
+// reads the keys' count, bounded by --timeout: a store silent for that
+// long ends the wait with an error, within twice --timeout.
 func (r etcdReader) wait(ctx context.Context, name string, index uint64) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range r.c.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(int64(index)+1)) {
-		if err := wr.Err(); err != nil {
-			return fmt.Errorf("etcd: watch %s/: %w", name, err)
-		}
-		if len(wr.Events) > 0 {
-			return nil
+	wch := r.c.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(int64(index)+1))
+	tick := time.NewTicker(r.timeout)
+	defer tick.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return errors.New("etcd: watch ended")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("etcd: watch %s/: %w", name, err)
+			}
+			if len(wr.Events) > 0 {
+				return nil
+			}
+		case <-tick.C:
+			pctx, pcancel := context.WithTimeout(ctx, r.timeout)
+			_, err := r.c.Get(pctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			pcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("did not answer within %v while watching: %w", r.timeout, err)
+			}
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return errors.New("etcd: watch ended")
 }
 
-type consulReader struct{ c *api.Client }
+type consulReader struct {
+	c       *api.Client
+	timeout time.Duration // --timeout: see wait
+}
 
 func (r consulReader) close() {}
 
@@ -390,14 +418,21 @@ func (r consulReader) read(ctx context.Context, name string) (*holdfast.State, e
 	return hfconsul.Inspect(ctx, r.c, name)
 }
 
-// wait returns once the keys under name changed after index (a blocking
-// query, renewed every 5 minutes).
+// wait returns once the keys under name changed after index: a blocking
+// query, renewed every --timeout, and bounded by that wait (plus the
+// agent's jitter, 1/16 of it) and --timeout: a store silent that long ends
+// the wait with an error, within twice --timeout and a bit.
 func (r consulReader) wait(ctx context.Context, name string, index uint64) error {
+	wait := r.timeout
 	for {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute+30*time.Second)
-		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(qctx)
+		qctx, cancel := context.WithTimeout(ctx, wait+wait/16+r.timeout)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(qctx)
 		_, meta, err := r.c.KV().Keys(name+"/", "", q)
+		silent := qctx.Err() != nil && ctx.Err() == nil
 		cancel()
+		if silent {
+			return fmt.Errorf("did not answer within %v while watching: %w", r.timeout, err)
+		}
 		if err != nil {
 			return fmt.Errorf("consul: watch %s/: %w", name, err)
 		}

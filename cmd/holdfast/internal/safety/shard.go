@@ -398,6 +398,7 @@ func (r *shardScenario) finish(s *Summary, live LivenessBounds) {
 		l.Sum += sub.Liveness.Sum
 		if sub.Liveness.Longest.Len() > l.Longest.Len() {
 			l.Longest = sub.Liveness.Longest
+			s.LongestShard = i
 		}
 		for k, v := range sub.Liveness.ByFault {
 			if l.ByFault == nil {
@@ -455,6 +456,7 @@ func runShardEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	defer c.Close()
 	name := fmt.Sprintf("safety/etcd-shard/%d", time.Now().UnixNano())
 	r := newShardScenario(o.Clients, time.Now())
+	logf = r.timed(logf)
 	r.target = func(i int) string {
 		u, _ := url.Parse(c.Endpoint(i % c.Size()))
 		return u.Host
@@ -549,6 +551,7 @@ func runShardConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		return runnerOf(shard.Consul(s), name), func() { s.Close() }, nil
 	}
 	r := newShardScenario(o.Clients, time.Now())
+	logf = r.timed(logf)
 	r.target = func(i int) string { return c.HTTPAddr(i % c.Size()) }
 	r.open = func(ctx context.Context, p *embedtest.Proxy) (shardRunner, func(), error) { return dial(ctx, p.Addr()) }
 	r.expiry = 2 * consul.MinTTL
@@ -648,6 +651,13 @@ func runShardConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return s, err
+}
+
+// timed prefixes each line of logf with the scenario's clock.
+func (r *shardScenario) timed(logf func(string, ...any)) func(string, ...any) {
+	return func(format string, a ...any) {
+		logf("%v "+format, append([]any{r.now().Round(time.Millisecond)}, a...)...)
+	}
 }
 
 // logTo returns a printf to w, or to nowhere if w is nil.

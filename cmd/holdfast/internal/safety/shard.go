@@ -396,8 +396,18 @@ func (r *shardScenario) finish(s *Summary, live LivenessBounds) {
 		l := &s.Liveness
 		l.Gaps += sub.Liveness.Gaps
 		l.Sum += sub.Liveness.Sum
-		if sub.Liveness.Longest.Len() > l.Longest.Len() {
-			l.Longest = sub.Liveness.Longest
+		if lg := sub.Liveness.Longest; lg.Len() > l.Longest.Len() {
+			l.Longest = lg
+			s.LongestShard = i
+			s.LongestBetween = ""
+			for _, op := range w.History.Ops() {
+				switch {
+				case (op.Kind == Release || op.Kind == End) && op.Call == lg.From:
+					s.LongestBetween += fmt.Sprintf(" after client %d's %v of token %d", op.Client, op.Kind, op.Token)
+				case op.Kind == Acquire && op.OK && op.Return == lg.To:
+					s.LongestBetween += fmt.Sprintf(" until client %d's grant of token %d", op.Client, op.Token)
+				}
+			}
 		}
 		for k, v := range sub.Liveness.ByFault {
 			if l.ByFault == nil {
@@ -455,6 +465,7 @@ func runShardEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	defer c.Close()
 	name := fmt.Sprintf("safety/etcd-shard/%d", time.Now().UnixNano())
 	r := newShardScenario(o.Clients, time.Now())
+	logf = r.timed(logf)
 	r.target = func(i int) string {
 		u, _ := url.Parse(c.Endpoint(i % c.Size()))
 		return u.Host
@@ -549,6 +560,7 @@ func runShardConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		return runnerOf(shard.Consul(s), name), func() { s.Close() }, nil
 	}
 	r := newShardScenario(o.Clients, time.Now())
+	logf = r.timed(logf)
 	r.target = func(i int) string { return c.HTTPAddr(i % c.Size()) }
 	r.open = func(ctx context.Context, p *embedtest.Proxy) (shardRunner, func(), error) { return dial(ctx, p.Addr()) }
 	r.expiry = 2 * consul.MinTTL
@@ -648,6 +660,13 @@ func runShardConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return s, err
+}
+
+// timed prefixes each line of logf with the scenario's clock.
+func (r *shardScenario) timed(logf func(string, ...any)) func(string, ...any) {
+	return func(format string, a ...any) {
+		logf("%v "+format, append([]any{r.now().Round(time.Millisecond)}, a...)...)
+	}
 }
 
 // logTo returns a printf to w, or to nowhere if w is nil.

@@ -290,20 +290,29 @@ func testClaimAtMost(s *suite) {
 	}
 }
 
-// claimTicks is how many periods testClaimTicks runs.
-const claimTicks = 8
+// claimTicks is how many periods testClaimTicks runs: the two before the
+// crash (period 2), the crash's, and those until the first period that
+// starts after the crashed claim's AtMost + ClaimFree, counted from the
+// crash, which comes up to the claimers' skew (AtLeast/2) and a claim's
+// round trip (1 s allowed) after its period starts: 5 periods with the
+// default schedule and etcd's ClaimFree (2.5 s), 8 with Consul's.
+func claimTicks(sched holdfast.Schedule, claimFree time.Duration) int {
+	after := sched.AtMost + claimFree + sched.AtLeast/2 + time.Second
+	return 3 + int((after+sched.Every-1)/sched.Every)
+}
 
-// testClaimTicks: 5 claimers fire at every period for 8 periods, each late
-// by its own offset (its clock or scheduler lags by up to AtLeast/2, the
-// tolerated skew); the winner runs 100 ms and releases, except in period
-// 2 where it crashes (is cut off from the store, and claims no more). Each
-// period has at most one run; each period that starts after the crashed
-// claim's AtMost + ClaimFree, and every period before the crash, has
-// exactly one.
+// testClaimTicks: 5 claimers fire at every period for claimTicks periods,
+// each late by its own offset (its clock or scheduler lags by up to
+// AtLeast/2, the tolerated skew); the winner runs 100 ms and releases,
+// except in period 2 where it crashes (is cut off from the store, and
+// claims no more). Each period has at most one run; each period that
+// starts after the crashed claim's AtMost + ClaimFree (at least the last),
+// and every period before the crash, has exactly one.
 func testClaimTicks(s *suite) {
 	sched := s.claimSchedule()
+	ticks := claimTicks(sched, s.b.ClaimFree)
 	cs, fs := s.claimers(5, sched)
-	ctx, cancel := s.ctx(claimTicks*sched.Every + s.op)
+	ctx, cancel := s.ctx(time.Duration(ticks)*sched.Every + s.op)
 	defer cancel()
 	skew := sched.AtLeast / 2
 	first := sched.Period(time.Now()).Add(sched.Every)
@@ -317,7 +326,7 @@ func testClaimTicks(s *suite) {
 	for i, c := range cs {
 		offset := time.Duration(rand.Int64N(int64(skew) + 1))
 		wg.Go(func() {
-			for k := range claimTicks {
+			for k := range ticks {
 				p := first.Add(time.Duration(k) * sched.Every)
 				select {
 				case <-time.After(time.Until(p.Add(offset))):
@@ -353,7 +362,7 @@ func testClaimTicks(s *suite) {
 	}
 	wg.Wait()
 	errs.report(s.t)
-	for k := range claimTicks {
+	for k := range ticks {
 		p := first.Add(time.Duration(k) * sched.Every)
 		free := k < 2 || (!crashed.IsZero() && p.After(crashed.Add(sched.AtMost+s.b.ClaimFree)))
 		switch n := runs[k]; {
@@ -363,5 +372,5 @@ func testClaimTicks(s *suite) {
 			s.t.Errorf("period %d (%v): no run, though no claim could block it", k, p)
 		}
 	}
-	s.t.Logf("runs per period: %v (5 claimers, skew up to %v, crash in period 2)", fmt.Sprint(runs), skew)
+	s.t.Logf("runs per period: %v (5 claimers, skew up to %v, crash in period 2, %d periods)", fmt.Sprint(runs), skew, ticks)
 }

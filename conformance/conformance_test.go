@@ -27,6 +27,10 @@ const (
 	// suite against, in a child process.
 	bugEnv = "HOLDFAST_CONFORMANCE_FAKE_BUG"
 	helper = "TestBrokenFakeHelper"
+
+	// childProcs is how many child processes TestSuiteCatchesBrokenFakes
+	// runs at once.
+	childProcs = 4
 )
 
 // TestFake runs the suite against the correct fake: every subtest passes
@@ -143,40 +147,57 @@ func TestSuiteCatchesBrokenFakes(t *testing.T) {
 		seen    = map[string]bool{}
 		catches = map[string][]string{} // subtest -> bugs it caught
 	)
+	// The children wait on timers most of the time: they run childProcs at
+	// once (more than -test.parallel's default, GOMAXPROCS), started here,
+	// and each subtest checks its child's output.
+	type child struct {
+		out string
+		err error
+	}
+	done := make([]chan child, len(brokenFakes))
+	slots := make(chan struct{}, childProcs)
+	for i, bf := range brokenFakes {
+		done[i] = make(chan child, 1)
+		go func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			run := "^" + helper + "$"
+			families := map[string]bool{"Lock": true}
+			if len(bf.mustFail) > 0 && bf.mustFail[0] != "CheckGoroutines" {
+				families = map[string]bool{}
+				for _, name := range bf.mustFail {
+					families[family(name)] = true
+				}
+			}
+			if *full {
+				var targets []string
+				for _, name := range allSubtests {
+					if families[family(name)] {
+						targets = append(targets, name)
+					}
+				}
+				run += "/^(" + strings.Join(targets, "|") + ")$"
+			} else {
+				// Only the subtests meant to catch the bug.
+				targets := slices.DeleteFunc(slices.Clone(bf.mustFail), func(s string) bool { return s == "CheckGoroutines" })
+				if len(targets) == 0 {
+					targets = []string{"MonotonicTokens"}
+				}
+				run += "/^(" + strings.Join(targets, "|") + ")$"
+			}
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=2m")
+			cmd.Env = append(os.Environ(), bugEnv+"="+bf.bug)
+			out, err := cmd.CombinedOutput()
+			done[i] <- child{string(out), err}
+		}()
+	}
 	t.Run("bugs", func(t *testing.T) {
-		for _, bf := range brokenFakes {
+		for i, bf := range brokenFakes {
 			t.Run(bf.bug, func(t *testing.T) {
-				t.Parallel()
-				ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-				defer cancel()
-				run := "^" + helper + "$"
-				families := map[string]bool{"Lock": true}
-				if len(bf.mustFail) > 0 && bf.mustFail[0] != "CheckGoroutines" {
-					families = map[string]bool{}
-					for _, name := range bf.mustFail {
-						families[family(name)] = true
-					}
-				}
-				if *full {
-					var targets []string
-					for _, name := range allSubtests {
-						if families[family(name)] {
-							targets = append(targets, name)
-						}
-					}
-					run += "/^(" + strings.Join(targets, "|") + ")$"
-				} else {
-					// Only the subtests meant to catch the bug.
-					targets := slices.DeleteFunc(slices.Clone(bf.mustFail), func(s string) bool { return s == "CheckGoroutines" })
-					if len(targets) == 0 {
-						targets = []string{"MonotonicTokens"}
-					}
-					run += "/^(" + strings.Join(targets, "|") + ")$"
-				}
-				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=2m")
-				cmd.Env = append(os.Environ(), bugEnv+"="+bf.bug)
-				outb, err := cmd.CombinedOutput()
-				out := string(outb)
+				c := <-done[i]
+				out, err := c.out, c.err
 				if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) {
 					t.Fatalf("child process with bug %s: %v, want it to exit with a failure\n%s", bf.bug, err, out)
 				}

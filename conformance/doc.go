@@ -110,9 +110,10 @@
 //     (ErrPeriodOver) are refused; ClaimAtMost,
 //     a claimant cut off while holding is told (its context ends) before
 //     anyone else can claim, and the claim is free by AtMost + ClaimFree;
-//     ClaimTicks, 5 claimants with offsets up to AtLeast/2 over 8 periods,
-//     one crashing: at most one run per period, exactly one where nothing
-//     could block it.
+//     ClaimTicks, 5 claimants with offsets up to AtLeast/2, one crashing in
+//     the third period, until a period starts past the crashed claim's
+//     AtMost + ClaimFree: at most one run per period, exactly one where
+//     nothing could block it.
 //   - Multi-name lock (Backend.NewMultiLocker, a [MultiLocker]):
 //     MultiNoDeadlock, 8 clients locking random subsets (2 to 4) of 6 names
 //     in random order never deadlock, never overlap on a name, and tokens of

@@ -23,9 +23,9 @@ type joiner interface {
 	grant(token uint64, free func()) (*Grant, error)
 }
 
-// acquire is the driver of a Semaphore's and an RWMutex's acquisitions: it
-// runs j in the session's slot of name and turns its answer into a Grant or
-// an error. A nil reentry means the primitive is not reentrant. The steps
+// acquire is the driver of every acquisition on Consul (Mutex, Election,
+// Semaphore, RWMutex): it runs j in the session's slot of name and turns its
+// answer into a Grant or an error. A nil reentry means the primitive is not reentrant. The steps
 // are in docs/DESIGN.md ("Consul acquisition driver").
 func acquire(ctx context.Context, s *Session, name string, try bool, reentry *core.Reentry[*Grant], j joiner) (*Grant, error) {
 	if ctx == nil {
@@ -69,6 +69,19 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 		reentry.Remember(g, g.base)
 	}
 	return g, nil
+}
+
+// The Mutex's and the Election's acquisition (queue.go) is a joiner.
+
+func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) { return a.run(ctx, try) }
+
+func (a *acquisition) cleanup() (leftover, bool, bool) {
+	m := a.m
+	return leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, a.left, a.uncertain
+}
+
+func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
+	return a.m.grant(token, a, free)
 }
 
 // slot takes the session's slot of name (TryLock: only if it is free, else

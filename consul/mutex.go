@@ -123,69 +123,9 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 }
 
 // acquire is Lock and TryLock, and with an election's taking its Campaign
-// (see campaign.go).
+// (see campaign.go): the driver (acquire.go) runs the queue's algorithm.
 func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := m.s.alive(); err != nil {
-		return nil, err
-	}
-	if g, ok := m.reentry.Enter(); ok {
-		return g, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("holdfast/consul: lock %s: %w", m.name, err)
-	}
-	end, err := m.s.begin()
-	if err != nil {
-		return nil, err
-	}
-	defer end()
-	start := time.Now()
-	defer m.s.keeper.Waiting(m.name)()
-	wctx, cancel := m.s.bind(ctx)
-	defer cancel()
-	a := &acquisition{m: m, how: how}
-	fail := func(err error) error { return failed(ctx, wctx, m.s, m.name, err) }
-
-	var free func()
-	if try {
-		var ok bool
-		if free, ok = m.s.names.TryAcquire(m.name); !ok {
-			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, m.name)
-		}
-	} else if free, err = m.s.names.Acquire(wctx, m.name); err != nil {
-		return nil, fail(err)
-	}
-	token, err := a.run(wctx, try)
-	if err != nil {
-		if !a.left {
-			free()
-			return nil, fail(err)
-		}
-		l := leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}
-		done := m.s.cleanUp(l, free)
-		if a.uncertain {
-			m.s.sweepLater(l)
-		}
-		grace := time.NewTimer(cleanupGrace)
-		defer grace.Stop()
-		select {
-		case <-done:
-		case <-wctx.Done():
-			select { // Consul usually answers within a millisecond
-			case <-done:
-			case <-grace.C:
-			}
-		}
-		return nil, fail(err)
-	}
-	g, err := m.grant(token, a, free)
-	if err == nil {
-		g.base.Observed(m.name, start)
-	}
-	return g, err
+	return acquire(ctx, m.s, m.name, try, &m.reentry, &acquisition{m: m, how: how})
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the
@@ -200,6 +140,5 @@ func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error)
 		// session. Close releases the key (it is in s.held).
 		return nil, m.s.alive()
 	}
-	m.reentry.Remember(g, g.base)
 	return g, nil
 }

@@ -240,7 +240,7 @@ func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, bool, error) {
 // pred, to change: admitted (its key is marked held by the write that
 // admitted it), gone, or dead; admitted alone, it leaves us at the head.
 func (a *pacq) behindForeign(ctx context.Context, v pview, pred contender) (uint64, bool, error) {
-	next, err := a.watch(ctx, pred.key, pred.index, false)
+	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, 0)
 	if err != nil || next == nil || next.Session != pred.session || next.ModifyIndex <= pred.index {
 		return 0, false, err
 	}
@@ -251,7 +251,7 @@ func (a *pacq) behindForeign(ctx context.Context, v pview, pred contender) (uint
 	default:
 		return 0, false, nil
 	}
-	lock, err := a.watch(ctx, a.p.lockKey, next.ModifyIndex, true)
+	lock, err := a.p.s.watchKey(ctx, a.p.lockKey, next.ModifyIndex, blockWait)
 	if err != nil || lock == nil {
 		return 0, false, err
 	}
@@ -273,7 +273,7 @@ func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
 		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
 			return a.awaitHandoff(ctx, v.me)
 		}
-		lock, err := a.watch(ctx, a.p.lockKey, v.lock.ModifyIndex, true)
+		lock, err := a.p.s.watchKey(ctx, a.p.lockKey, v.lock.ModifyIndex, blockWait)
 		if err != nil || lock == nil {
 			return 0, false, err
 		}
@@ -289,7 +289,7 @@ func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
 // blockWait, so that dead holders are pruned, or another change), the
 // caller reads again.
 func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair) (uint64, bool, error) {
-	pair, err := a.watch(ctx, a.p.myKey, me.ModifyIndex, true)
+	pair, err := a.p.s.watchKey(ctx, a.p.myKey, me.ModifyIndex, blockWait)
 	if err != nil || pair == nil || pair.Session != a.p.s.id {
 		return 0, false, err
 	}
@@ -327,15 +327,4 @@ func (a *pacq) tryHead(ctx context.Context, v pview) (token uint64, got, full bo
 	}
 	token, err = a.admitTxn(ctx, p.writeOps(v, st, in), 1, false, p.roomy(st))
 	return token, token != 0, false, err
-}
-
-// watch blocks until key's ModifyIndex is no longer index (it changed or is
-// gone) and returns the key as it then is (nil if gone). If bounded, it
-// returns nil after blockWait without a change too (see Session.watchKey).
-func (a *pacq) watch(ctx context.Context, key string, index uint64, bounded bool) (*api.KVPair, error) {
-	var bound time.Duration
-	if bounded {
-		bound = blockWait
-	}
-	return a.p.s.watchKey(ctx, key, index, bound)
 }

@@ -9,42 +9,21 @@ import (
 )
 
 // RWMutex is a distributed, fair (FIFO), fenced read-write lock on Consul:
-// any number of readers share it, a writer excludes everyone.
+// any number of readers share it, a writer excludes everyone. Waiters are
+// admitted in the order they queued (the readers at the head together): a
+// reader behind a queued writer waits, so writers do not starve.
 //
-// Consul has no native read-write lock, so this is holdfast's own layout,
-// that of Semaphore with another lock value and other flags: contenders hold
-// "<name>/<session ID>" (acquired with their session, flagged
-// RWMutexFlagValue, valued "holdfast read" or "holdfast write" while they
-// wait and "holdfast held" once admitted), and "<name>/.lock" (flagged
-// RWMutexFlagValue, no session) holds {"Holders":{"<session ID>":"read"|
-// "write"}}, updated by CAS. A Mutex, api.Lock, a Semaphore or api.Semaphore
-// on the same name refuses the lock key's flags (or finds contender keys
-// that are not its own) with an error, and an RWMutex refuses theirs with
-// an error wrapping holdfast.ErrConflict; whoever comes second fails, and
+// Consul has no native read-write lock: its keys are Semaphore's layout
+// with values and flags of its own (RWMutexFlagValue; see docs/DESIGN.md).
+// A Mutex, api.Lock, a Semaphore or api.Semaphore on the same name, and an
+// RWMutex on theirs, fails with an error wrapping holdfast.ErrConflict and
 // leaves nothing behind.
 //
-// Waiters queue by their keys' CreateIndex and are admitted in that order:
-// a reader behind a queued writer waits, so writers do not starve; the
-// readers at the head of the queue are admitted together. Waiting and
-// handoff are as for Semaphore (see it): the head of the queue watches the
-// lock key, every other waiter the waiter just ahead of it, and a release
-// admits, in the same transaction, the waiters that then fit.
-//
-// Tokens: a grant's token is the ModifyIndex of the lock-key write that
-// admitted it (a read grant made by Downgrade keeps the write grant's).
-// Those writes are serialized by CAS on the lock key, so write grants'
-// tokens strictly increase, and a read grant's token is greater than the
-// token of every write grant that ended before it began and smaller than
-// that of every write grant that begins after it ends. A fenced resource
-// that refuses any operation with a token lower than the highest it has
-// seen therefore refuses a stale writer after a newer reader or writer got
-// in, and a stale reader after a newer writer got in (readers share: among
-// them, order does not matter).
-//
-// A holder whose session ends stops being counted: the next write prunes
-// holders whose session holds no key under "<name>/". Its grant's context is
-// cancelled before that can happen when the session ends by its TTL (the
-// session's safe deadline), as for every grant of the session.
+// A grant's token is the ModifyIndex of the lock-key write that admitted it
+// (a read grant made by Downgrade keeps the write grant's). A fence that
+// refuses tokens lower than the highest it has seen refuses a stale writer
+// after a newer reader or writer got in, and a stale reader after a newer
+// writer got in (readers share: among them, order does not matter).
 //
 // One grant per session per name at a time: Lock and RLock calls of one
 // Session on the same name take turns in-process.

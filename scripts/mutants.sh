@@ -5,28 +5,36 @@
 # run the tests meant to catch it: they must FAIL. A guard whose removal
 # passes the tests "survived", and the script exits 1.
 #
+# Each package's test binary is built once (the guard is chosen at run time,
+# by HOLDFAST_MUTANT), then the rows run MUTANT_JOBS at a time (default 2:
+# their tests mostly wait on timers and TTLs).
+#
 # Usage: scripts/mutants.sh [guard ...]     (default: every guard)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=local
 if [ -z "${CONSUL_BIN:-}" ]; then CONSUL_BIN=$(./scripts/consul.sh) || exit 1; export CONSUL_BIN; fi
+jobs_max=${MUTANT_JOBS:-2}
 
 # guard | package | tests meant to catch it (a go test -run pattern)
-# Only tests that catch the guard's absence every time are listed: the
-# end-to-end deadline tests of the backends (etcd TestContextEndsAtDeadline,
+# Only tests that catch the guard's absence every time are listed, and of
+# those only what is needed: one subtest where any of them catches it, and
+# not the slower of two tests that both wait for a deadlock's 30 s timeout.
+# The end-to-end deadline tests of the backends (etcd TestContextEndsAtDeadline,
 # Consul TestGrantContextAtDeadline) race the timer and catch core/sync-deadline
-# in most runs only.
+# in most runs only. The scenarios of cmd/holdfast/internal/safety that catch
+# core/margin, etcd/release-guard and etcd/recheck-own-key (TestSlowClockMargin,
+# TestHolderKeyDeleted, TestWaiterKeysDeleted) are not rows here: its
+# TestBrokenVariants, part of `make test`, builds them with each of these
+# guards removed and checks that each fails on its checker.
 table='
 core/margin|./internal/core/|TestKeeperExpiresAtSentPlusTTLMinusMargin|TestGrantAccessors
 core/margin|./tests/etcd/|TestPartitionedHolderToldFirst|TestConformanceOneNode/ToldBeforeNextGrant
-core/margin|./cmd/holdfast/internal/safety/|TestSlowClockMargin
 core/sync-deadline|./internal/core/|TestKeeperCheckIsSynchronous|TestGrantContextChecksDeadline
 etcd/release-guard|./tests/etcd/|TestStaleUnlockLeavesNewerKey
-etcd/release-guard|./cmd/holdfast/internal/safety/|TestHolderKeyDeleted
 etcd/txn-guard|./tests/etcd/|TestGuardedTxnAfterUnnoticedDelete|TestGuardedTxn
 etcd/txn-guard|./tests/leader/|TestManyFailoversEtcd
 etcd/recheck-own-key|./tests/etcd/|TestWaiterKeyDeleted
-etcd/recheck-own-key|./cmd/holdfast/internal/safety/|TestWaiterKeysDeleted
 etcd/watch-now|./tests/etcd/|TestHandoffNoStall
 etcd/semaphore-count|./tests/etcd/|TestSemaphoreCountsOnlyKeysAhead
 etcd/semaphore-own-key|./tests/etcd/|TestSemaphoreWaiterKeyDeleted
@@ -47,11 +55,11 @@ consul/permit-prune-dead-only|./consul/|TestSemaphoreBasic
 consul/dead-semaphore-only|./consul/|TestDeadSemaphoreLockKey
 consul/rwmutex-writer-alone|./consul/|TestRWMutexFIFO
 core/multi-order|./internal/core/|TestMultiNames
-core/multi-order|./tests/etcd/|TestMultiMutexFencedCounters|TestConformanceOneNode/MultiNoDeadlock
+core/multi-order|./tests/etcd/|TestMultiMutexFencedCounters
 core/multi-order|./consul/|TestMultiMutexFencedCounters
 etcd/multi-txn-guard|./tests/etcd/|TestMultiGuardedTxn
 consul/multi-txn-check-session|./consul/|TestMultiGuardedTxn
-cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand
+cmd/kill-guard|./cmd/holdfast/|TestKill9StopsCommand/etcd/lock$
 cmd/parent-death-signal|./cmd/holdfast/|TestKill9ParentDeathSignal
 cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand|TestDeadlineStopsCommand
 cmd/term-grace|./cmd/holdfast/|TestShortPause
@@ -66,24 +74,68 @@ consul/claim-period-over|./consul/|TestClaimGuardedTxn
 '
 
 want=("$@")
-survived=0
-ran=0
+rows=()
 while IFS='|' read -r guard pkg run; do
   [ -n "$guard" ] || continue
   if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " == *" $guard "* ]]; then continue; fi
-  ran=$((ran + 1))
+  rows+=("$guard|$pkg|$run")
+done <<<"$table"
+
+work=$(mktemp -d /tmp/holdfast-mutants.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+# One test binary per package, with the mutants compiled in (and off until
+# HOLDFAST_MUTANT names one).
+declare -A bin
+for row in "${rows[@]}"; do
+  IFS='|' read -r guard pkg run <<<"$row"
+  [ -z "${bin[$pkg]:-}" ] || continue
+  b="$work/$(echo "${pkg#./}" | tr / _)test"
+  log="/tmp/holdfast-mutant-build-$(basename "$pkg").log"
+  if go test -c -tags holdfast_mutants,holdfast_testhooks -o "$b" "$pkg" >"$log" 2>&1 && [ -x "$b" ]; then
+    bin[$pkg]=$b
+  else
+    bin[$pkg]=none
+    echo "ERROR     building $pkg with the mutants failed, which proves nothing (log $log)"
+  fi
+done
+
+# one runs row $1 (guard|package|pattern) and writes its verdict to
+# $work/verdict.$2: caught, or survived (which counts an error too).
+one() {
+  local guard pkg run
+  IFS='|' read -r guard pkg run <<<"$1"
+  local start log b caught
   start=$(date +%s)
   log="/tmp/holdfast-mutant-${guard//\//_}-$(basename "$pkg").log"
-  if HOLDFAST_MUTANT="$guard" go test -tags holdfast_mutants,holdfast_testhooks -count=1 -timeout 10m -run "$run" "$pkg" >"$log" 2>&1; then
+  b=${bin[$pkg]}
+  if [ "$b" = none ]; then
+    echo "ERROR     $guard  in $pkg: no test binary (see the build log above)"
+    echo survived >"$work/verdict.$2"
+    return
+  fi
+  # As go test runs it: in the package's directory.
+  if (cd "$pkg" && HOLDFAST_MUTANT="$guard" "$b" -test.count=1 -test.timeout=10m -test.run "$run") >"$log" 2>&1; then
     echo "SURVIVED  $guard  in $pkg ($pkg -run '$run' passed without it; log $log)"
-    survived=$((survived + 1))
-  elif grep -qE 'build failed|setup failed|panic:' "$log"; then
-    echo "ERROR     $guard  in $pkg: the build or the test binary broke, which proves nothing (log $log)"
-    survived=$((survived + 1))
+    echo survived >"$work/verdict.$2"
+  elif grep -qE 'setup failed|panic:' "$log"; then
+    echo "ERROR     $guard  in $pkg: the test binary broke, which proves nothing (log $log)"
+    echo survived >"$work/verdict.$2"
   else
     caught=$(grep -E '^\s*--- FAIL' "$log" | sed 's/^ *--- FAIL: //; s/ (.*//' | head -4 | tr '\n' ' ')
-    echo "caught    $guard  in $pkg, $(( $(date +%s) - start ))s, by: ${caught:-build or package failure (see $log)}"
+    echo "caught    $guard  in $pkg, $(( $(date +%s) - start ))s, by: ${caught:-package failure (see $log)}"
+    echo caught >"$work/verdict.$2"
   fi
-done <<<"$table"
+}
+
+i=0
+for row in "${rows[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  one "$row" "$i" &
+  i=$((i + 1))
+done
+wait
+ran=${#rows[@]}
+caught=$(cat "$work"/verdict.* 2>/dev/null | grep -c '^caught$')
+survived=$((ran - caught))
 echo "mutants: $ran run, $survived survived"
 [ "$survived" -eq 0 ] && [ "$ran" -gt 0 ]

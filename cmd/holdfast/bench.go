@@ -40,7 +40,13 @@ Scenarios:
             requests and bytes per acquisition, handoff p50/p99 as the queue grows
   many-locks 1,000 and 10,000 locks (--locks) held through one session: time to
             acquire and release all, renewals per second, heap and goroutines per grant
-  all       all of them (--quick: every scenario, small settings, short windows)
+  shard     a shard group (package shard) of 64 shards x 8 members and 1,024 x 16,
+            started together: time until every shard is owned and the members
+            balanced (cold_ms), then one member joins and one leaves: shards
+            moved, time to settle, store requests per shard moved; violations
+            count shards seen owned by two members at once (not in "all";
+            --quick: 16 x 4)
+  all       all of them but shard (--quick: every scenario, small settings, short windows)
 
 Every contended row (lock, handoff, semaphore, waiters) is measured three
 ways in the same run: holdfast, the native recipe, and the floor, a relay
@@ -59,7 +65,7 @@ Exits 1 if any row saw a mutual-exclusion violation or an error.`,
 
 func benchFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore, waiters, many-locks or all")
+	scenario := fs.String("scenario", "lock", "lock, handoff, takeover, election, semaphore, waiters, many-locks, shard or all")
 	limit := fs.Int("limit", 4, "semaphore scenario: how many may hold at once")
 	contenders := fs.String("contenders", "", "comma-separated contender counts for lock/handoff (default: lock 1,8,32; handoff 8,32)")
 	duration := fs.Duration("duration", 3*time.Second, "measured window of each contended row")

@@ -61,7 +61,8 @@ Exit status:
                   silent within --timeout (or --try's bound), refused
                   (permission)
   126, 127        CMD could not be started, CMD not found
-  128+N           holdfast got signal N while campaigning`,
+  128+N           holdfast got signal N while campaigning (SIGINT: holdfast
+                  dies of it, as after a CMD that died of SIGINT)`,
 	flags: electFlags,
 }
 

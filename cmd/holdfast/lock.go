@@ -101,7 +101,10 @@ logs the session's events, for long runs.
 
 With its stdin a terminal and holdfast in its foreground, CMD's group gets
 the terminal: CMD reads it, and Ctrl-C reaches CMD (holdfast then releases
-the lock and exits with CMD's status). Ctrl-Z stops CMD and holdfast as one
+the lock and exits with CMD's status). If CMD died of SIGINT (Ctrl-C), or
+SIGINT ended the wait for the lock, holdfast, once everything is released,
+dies of SIGINT itself, as the shell's convention asks: a script that ran
+holdfast stops there rather than going on (a shell reports 130). Ctrl-Z stops CMD and holdfast as one
 job (so does SIGTSTP to holdfast); fg resumes both, unless the grant expired
 meanwhile: CMD was then killed before its deadline and holdfast exits 122.
 Without a shell's job control (holdfast leads its session: ssh -t), Ctrl-Z
@@ -124,8 +127,9 @@ silent store, whose expiry releases the rest. See the README for what
 remains.
 
 Exit status:
-  CMD's own       CMD ran and exited (128+N if it was killed by signal N);
-                  0 with --child-exit-code=false
+  CMD's own       CMD ran and exited (128+N if it was killed by signal N;
+                  SIGINT: holdfast dies of it too); 0 with
+                  --child-exit-code=false
   2               a usage or input error, found before any request: a bad
                   flag or argument, a missing or invalid NAME, a TTL out of
                   the store's range, a flag of the other store
@@ -139,7 +143,8 @@ Exit status:
                   refused (permission, another kind of lock, a limit
                   mismatch)
   126, 127        CMD could not be started, CMD not found
-  128+N           holdfast got signal N while waiting`,
+  128+N           holdfast got signal N while waiting (SIGINT: holdfast
+                  dies of it)`,
 	flags: lockFlags,
 }
 
@@ -354,6 +359,9 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		return err
 	}
 	if got != nil {
+		if got == syscall.SIGINT {
+			interrupted.Store(true)
+		}
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
 	}
 	return explain(err, name, sf.describe())
@@ -430,6 +438,9 @@ func (r runner) child(ctx context.Context, s *session, g holdfast.Grant, name st
 		code = ee.ExitCode()
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
+			if ws.Signal() == syscall.SIGINT && r.childCode {
+				interrupted.Store(true)
+			}
 		}
 	} else if werr != nil {
 		return exitError{exitFailed, fmt.Errorf("%s: waiting for the command: %w", name, werr)}

@@ -97,12 +97,7 @@ func start(t *testing.T, args ...string) *proc {
 		err := p.cmd.Wait()
 		p.took = time.Since(begin)
 		p.code = 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			p.code = ee.ExitCode()
-		} else if err != nil {
-			p.code = -1
-		}
+		p.code = exitCode(err)
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -114,6 +109,23 @@ func start(t *testing.T, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// exitCode is the exit status a shell would report for a process that
+// ended with err (cmd.Wait's): 128+N if it was killed by signal N (holdfast
+// dies of SIGINT after a Ctrl-C), -1 if it could not be waited for.
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case !errors.As(err, &ee):
+		return -1
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ee.ExitCode()
 }
 
 // wait waits for p to exit (at most d) and returns its exit status.

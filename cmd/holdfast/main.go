@@ -45,7 +45,9 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -88,8 +90,23 @@ func init() {
 }
 
 func main() {
-	os.Exit(run(context.Background(), &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
+	code := run(context.Background(), &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
+	if interrupted.Load() && code == 128+int(syscall.SIGINT) {
+		// CMD died of SIGINT (Ctrl-C), or holdfast got it while waiting:
+		// die of it too, as the shell's convention asks, so that a script
+		// that ran holdfast stops as well instead of going on. Everything
+		// is released by now. If SIGINT was ignored when holdfast started
+		// (a background job of a script), the exit status says it.
+		signal.Reset(syscall.SIGINT)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGINT)
+		time.Sleep(time.Second)
+	}
+	os.Exit(code)
 }
+
+// interrupted is set when CMD died of SIGINT, or holdfast got SIGINT while
+// waiting: main then ends holdfast by SIGINT (see main).
+var interrupted atomic.Bool
 
 // newRoot builds the command tree (github.com/spf13/cobra, which also gives
 // help and shell completion) over commands; each command's flags are

@@ -54,7 +54,9 @@ CMD gets the environment of "holdfast lock": HOLDFAST_NAME, HOLDFAST_KEY
 (NAME/.run), HOLDFAST_TOKEN (the claim's fencing token, increasing from
 period to period), and HOLDFAST_PERIOD (the period's start, RFC 3339, UTC).
 Signals are handled as by "holdfast lock". -v says on stderr what happens,
---metrics-addr and --log as for "holdfast lock".
+the skip of a period already claimed included: without -v a skip prints
+nothing (cron mails any output, and every replica but one skips).
+--metrics-addr and --log work as for "holdfast lock".
 
 Exit status:
   CMD's own       CMD ran and exited (0 with --child-exit-code=false)
@@ -65,7 +67,8 @@ Exit status:
   125             holdfast failed: the store unreachable or silent within
                   the bound, refused
   126, 127        CMD could not be started, CMD not found
-  128+N           holdfast got signal N while claiming`,
+  128+N           holdfast got signal N while claiming (SIGINT: holdfast
+                  dies of it, as after a CMD that died of SIGINT)`,
 	flags: onceFlags,
 }
 
@@ -160,7 +163,9 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			if errors.Is(err, holdfast.ErrPeriodOver) {
 				d = detail(err, holdfast.ErrPeriodOver, name) + ": the period was over when the claim was answered"
 			}
-			fmt.Fprintf(e.stderr, "holdfast: %s: not running the command %s\n", name, d)
+			if *vis.verbose { // a skip is the normal case on all replicas but one: silent, for cron's mail
+				fmt.Fprintf(e.stderr, "holdfast: %s: not running the command %s\n", name, d)
+			}
 			if *claimedExit == 0 {
 				return nil
 			}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -281,13 +280,7 @@ func termNoJobControl(t *testing.T, e *etcdtest.Cluster) {
 	go func() { _, _ = io.Copy(&out, m) }()
 	waited := make(chan int, 1)
 	go func() {
-		err := p.cmd.Wait()
-		code := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		}
-		waited <- code
+		waited <- exitCode(p.cmd.Wait())
 	}()
 	t.Cleanup(func() { _ = p.cmd.Process.Kill() })
 	cmd, hf := cmdPids(t, pidfile)
@@ -335,8 +328,18 @@ func termBackground(t *testing.T, e *etcdtest.Cluster) {
 	sh.typ(t, fmt.Sprintf(`holdfast lock --endpoints %s tty/bg -- sh -c 'echo $$ > "$1"; read x; echo "got:$x"' sh %s &`+"\n", e.Endpoints()[0], pidfile))
 	cmd, hf := cmdPids(t, pidfile)
 	eventually(t, 5*time.Second, "the job did not stop", func() bool { return procState(hf) == "T" && procState(cmd) == "T" })
-	sh.typ(t, "\n") // bash reports a background job's change at its next prompt
-	sh.expect(t, "Stopped", 1)
+	// The job is stopped before bash has taken in the news (its SIGCHLD
+	// handler runs later): ask until it knows, or fg would not resume it.
+	asked := 0
+	eventually(t, 5*time.Second, "bash does not see the job stopped", func() bool {
+		if strings.Contains(sh.out.String(), "Stopped") {
+			return true
+		}
+		if asked++; asked%10 == 1 {
+			sh.typ(t, "jobs\n")
+		}
+		return false
+	})
 	sh.typ(t, "fg\n")
 	eventually(t, 5*time.Second, "fg did not resume both", func() bool { return procState(hf) != "T" && procState(cmd) != "T" })
 	sh.typ(t, "hello\n")

@@ -44,6 +44,16 @@ each for --duration, on a fresh cluster each, and prints each summary.
 --primitive multi has the clients take a two-name lock (NAME and a second
 name, passed in a random order each time) as one grant; the checkers watch
 NAME.
+--primitive shard has the clients be the members of a group of 8 shards
+(package shard): each shard's work writes to its own fenced resource while
+it owns the shard, and each shard gets every checker below (for a shard, a
+client waits while any member runs). Its faults: the store's (etcd:
+stop-follower, stop-leader, cut-leader-peers; Consul: kill-leader,
+kill-follower, freeze-leader, freeze-follower), and members killed
+(kill-member: their connection cut and their work stopped at once, as
+kill -9 does; restarted at once with a new session), paused (pause-member:
+their connection frozen) and restarted (restart-member: a graceful leave,
+then a join).
 
 The checkers: the fence never accepted a lower token after a higher one;
 the history of grants and fenced writes is linearizable against a fenced
@@ -63,7 +73,7 @@ docs/SAFETY.md.`,
 
 func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	backend := fs.String("backend", "etcd", "store: etcd or consul")
-	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), or all (mutex, semaphore, election in turn)")
+	primitive := fs.String("primitive", "mutex", "what the clients take: mutex, semaphore, election, multi (a two-name lock), shard (members of a group of 8 shards), or all (mutex, semaphore, election in turn)")
 	duration := fs.Duration("duration", time.Minute, "how long the scenario runs (each, with --primitive all)")
 	clients := fs.Int("clients", 4, "how many clients contend")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
@@ -87,8 +97,13 @@ func soakFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if *faultList != "" {
 			kinds = strings.Split(*faultList, ",")
 			known := safety.EtcdFaults
-			if *backend == "consul" {
+			switch {
+			case *backend == "consul" && *primitive == string(safety.Shard):
+				known = safety.ConsulShardFaults
+			case *backend == "consul":
 				known = safety.ConsulFaults
+			case *primitive == string(safety.Shard):
+				known = safety.EtcdShardFaults
 			}
 			for _, k := range kinds {
 				if k != safety.NoFaults && !slices.Contains(known, k) || k == safety.NoFaults && len(kinds) > 1 {
@@ -153,10 +168,10 @@ func soakPrimitives(s string) ([]safety.Primitive, error) {
 	if s == "all" {
 		return safety.Primitives, nil
 	}
-	for _, p := range append(safety.Primitives, safety.Multi) {
+	for _, p := range append(safety.Primitives, safety.Multi, safety.Shard) {
 		if string(p) == s {
 			return []safety.Primitive{p}, nil
 		}
 	}
-	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi or all", s)
+	return nil, usagef("--primitive %q: want mutex, semaphore, election, multi, shard or all", s)
 }

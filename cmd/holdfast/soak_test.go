@@ -18,7 +18,7 @@ func TestSoakUsage(t *testing.T) {
 		{[]string{"soak", "--duration", "0s"}, "--duration must be positive"},
 		{[]string{"soak", "--clients", "1"}, "--clients must be at least 2"},
 		{[]string{"soak", "--backend", "redis"}, `--backend "redis"`},
-		{[]string{"soak", "--primitive", "rwmutex"}, `--primitive "rwmutex": want mutex, semaphore, election, multi or all`},
+		{[]string{"soak", "--primitive", "rwmutex"}, `--primitive "rwmutex": want mutex, semaphore, election, multi, shard or all`},
 		{[]string{"soak", "--faults", "kill-leader"}, `--faults "kill-leader": want none, or some of stop-follower,`},
 		{[]string{"soak", "--backend", "consul", "--faults", "none,kill-leader"}, `--faults "none,kill-leader": want none, or some of kill-leader,`},
 	} {

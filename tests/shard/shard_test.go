@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,9 @@ type store[G holdfast.Grant] struct {
 	ttl, delay time.Duration
 	// lock holds a lock called name until t ends.
 	lock func(t *testing.T, name string)
+	// native is the store's own lock command (etcdctl lock, consul lock)
+	// on name, running the shell script script, not started.
+	native func(t *testing.T, name, script string) *exec.Cmd
 }
 
 var consulAgent struct {
@@ -87,6 +91,11 @@ func etcdStore(t *testing.T, ttl time.Duration) store[*etcd.Grant] {
 			_, err := g.Txn(ctx, clientv3.OpPut(key, strconv.Itoa(v)))
 			return err
 		},
+		native: func(t *testing.T, name, script string) *exec.Cmd {
+			cmd := exec.Command("etcdctl", "--endpoints", c.Endpoints()[0], "lock", name, "--", "sh", "-c", script)
+			cmd.Env = append(os.Environ(), "ETCDCTL_API=3")
+			return cmd
+		},
 		lock: func(t *testing.T, name string) {
 			s, err := etcd.NewSession(context.Background(), admin)
 			if err != nil {
@@ -134,6 +143,13 @@ func consulStore(t *testing.T) store[*consul.Grant] {
 				}
 			}
 			return shard.Consul(s), p, kill
+		},
+		native: func(t *testing.T, name, script string) *exec.Cmd {
+			bin, err := embedtest.ConsulBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return exec.Command(bin, "lock", "-http-addr="+a.HTTPAddr, name, script)
 		},
 		read: func(ctx context.Context, key string) (int, error) {
 			kv, _, err := admin.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))

@@ -26,6 +26,7 @@ const ScenarioShard = "shard"
 type ShardResult struct {
 	Scenario        string  `json:"scenario"`
 	Backend         string  `json:"backend"`
+	Impl            string  `json:"impl"` // "holdfast": no native recipe to compare
 	Shards          int     `json:"shards"`
 	Members         int     `json:"members"`
 	ColdMs          float64 `json:"cold_ms"`
@@ -154,7 +155,7 @@ func (r *runner) shardJoin(ctx context.Context, group string, n int) (*shardMemb
 
 // shardRow measures one size.
 func (r *runner) shardRow(ctx context.Context, n, members int) (res ShardResult) {
-	res = ShardResult{Scenario: ScenarioShard, Backend: r.t.Backend(), Shards: n, Members: members}
+	res = ShardResult{Scenario: ScenarioShard, Backend: r.t.Backend(), Impl: "holdfast", Shards: n, Members: members}
 	group := fmt.Sprintf("bench/%s/shard-%d-%d", r.runID, n, members)
 	var live []*shardMember
 	var all []*shardMember

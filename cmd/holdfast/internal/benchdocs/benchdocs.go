@@ -375,6 +375,14 @@ var implStyles = map[string]implStyle{
 	"floor":    {color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, draw.SquareGlyph{}},
 }
 
+// phaseStyles tell apart the phases of the shard scenario's plot (cold
+// start, a join, a leave), which has no implementations.
+var phaseStyles = map[string]implStyle{
+	"cold":  {color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}, draw.PyramidGlyph{}},
+	"join":  {color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, draw.RingGlyph{}},
+	"leave": {color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff}, draw.BoxGlyph{}},
+}
+
 var otherStyle = implStyle{color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}, draw.CrossGlyph{}}
 
 // styleOf returns the style of a series named "impl", "impl (...)" or
@@ -390,6 +398,9 @@ func styleOf(name string) (implStyle, []vg.Length) {
 		}
 	}
 	st, ok := implStyles[impl]
+	if !ok {
+		st, ok = phaseStyles[impl]
+	}
 	if !ok {
 		st = otherStyle
 	}
@@ -546,6 +557,16 @@ func (g *gen) plots() error {
 				xlabel: "locks held through one session", ylabel: "requests per second", series: s})
 		}
 	}
+	// The shard scenario: time to balance after a cold start, a join and a
+	// leave, per group size, both stores in one plot.
+	if sr := filter(rows, func(r Row) bool { return r.Str("scenario") == "shard" }); len(sr) > 0 {
+		var s []series
+		for _, ph := range []struct{ name, field string }{{"cold", "cold_ms"}, {"join", "join_settle_ms"}, {"leave", "leave_settle_ms"}} {
+			s = append(s, makeSeries(sr, func(r Row) string { return r.Str("backend") + " " + ph.name }, field("shards"), field(ph.field))...)
+		}
+		charts = append(charts, chart{file: "shard-settle.png", title: "shard: time until every shard is owned and the members balanced",
+			xlabel: "shards (8 members at 64, 16 at 1,024)", ylabel: "ms", logX: true, series: s})
+	}
 	for _, c := range charts {
 		if len(c.series) == 0 {
 			g.note("%s: no row has the plotted fields; skipped", c.file)
@@ -576,12 +597,13 @@ func holdOf(rows []Row) string {
 // columns shown in tables, in order; a column appears only if some row of
 // the table has it.
 var columns = []string{
-	"impl", "contenders", "waiters", "nodes", "limit", "locks", "hold_ms", "lock_delay_ms",
+	"impl", "contenders", "waiters", "nodes", "limit", "locks", "shards", "members", "hold_ms", "lock_delay_ms",
 	"acq_per_s", "handoffs_per_s", "of_floor", "handoff_p50_ms", "handoff_p99_ms", "wait_p99_ms", "cycle_p50_ms",
 	"fairness", "rpcs_per_acq", "bytes_per_acq", "streams_per_acq",
 	"takeover_ms", "notice_ms", "failover_ms", "observe_ms",
 	"acquire_all_s", "release_all_s", "renews_per_s", "requests_per_s", "requests_per_renew",
 	"heap_bytes_per_grant", "server_bytes_per_lock", "goroutines_per_grant",
+	"cold_ms", "join_moved", "join_settle_ms", "join_requests_per_move", "leave_moved", "leave_settle_ms", "leave_requests_per_move",
 	"violations", "lost", "errors",
 }
 

@@ -28,7 +28,9 @@
 //     prefixes and no goroutine leaks (the tests check these).
 //
 // A workload is a Workload; faults are whatever the caller does while it
-// runs. The tests in this package run short scenarios on a 3-member etcd
+// runs. The Shard primitive runs the members of a shard group instead (see
+// Shard), with a resource, history and tracker per shard, each judged by
+// the same checkers. The tests in this package run short scenarios on a 3-member etcd
 // cluster and a 3-server Consul cluster; "holdfast soak" runs them for as
 // long as asked. TestBrokenVariants shows that the suite can fail: built
 // with the tag holdfast_mutants, the scenarios of variants_test.go fail

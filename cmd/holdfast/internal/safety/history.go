@@ -21,10 +21,14 @@ const (
 	// End: the context of the grant with Token ended (released or lost),
 	// at Call (= Return). Only the liveness checker reads it.
 	End
+	// Want: the client wanted a grant from Call to Return without calling
+	// Lock itself (a shard group's member while it runs: the group locks
+	// for it). Only the liveness checker reads it.
+	Want
 )
 
 func (k Kind) String() string {
-	return [...]string{"acquire", "put", "release", "end"}[k]
+	return [...]string{"acquire", "put", "release", "end", "want"}[k]
 }
 
 // Op is one recorded operation: its invocation and its return.
@@ -135,7 +139,7 @@ var FencedMutex = porcupine.Model{
 func CheckLinearizable(ops []Op, shared bool, timeout time.Duration) porcupine.CheckResult {
 	hist := make([]porcupine.Operation, 0, len(ops))
 	for _, op := range ops {
-		if op.Kind == End {
+		if op.Kind == End || op.Kind == Want {
 			continue
 		}
 		hist = append(hist, porcupine.Operation{ClientId: op.Client, Input: op, Call: int64(op.Call), Output: nil, Return: int64(op.Return)})

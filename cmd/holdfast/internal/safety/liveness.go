@@ -122,6 +122,8 @@ func CheckLiveness(ops []Op, limit int, faults []Fault, b LivenessBounds) Livene
 				open[k] = op.Return
 				edges = append(edges, edge{at: op.Return, grants: 1})
 			}
+		case Want:
+			edges = append(edges, edge{at: op.Call, waits: 1}, edge{at: op.Return, waits: -1})
 		case Release:
 			closeGrant(k, op.Call)
 		case End:

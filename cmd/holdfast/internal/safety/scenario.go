@@ -53,6 +53,11 @@ type Summary struct {
 	// and their sum, each attributed to its nearest fault, and those over
 	// their bound (see CheckLiveness).
 	Liveness Liveness
+	// Shards and Moves: the shard primitive's group size, and how many
+	// times a shard moved from one member to another (shard.ErrMoved);
+	// LongestShard is the shard of Liveness.Longest.
+	Shards, Moves, LongestShard int
+	LongestBetween              string // the ops that bound it
 }
 
 // OK reports whether every checker passed.
@@ -71,18 +76,23 @@ func (s Summary) String() string {
 	if len(faults) == 0 {
 		faults = []string{NoFaults}
 	}
+	var shards string
+	if s.Shards > 0 {
+		shards = fmt.Sprintf("\nshards: %d, moved %d times; the longest free interval: shard %d, from %v to %v%s", s.Shards, s.Moves,
+			s.LongestShard, s.Liveness.Longest.From.Round(time.Millisecond), s.Liveness.Longest.To.Round(time.Millisecond), s.LongestBetween)
+	}
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s
 operations: grants=%d lock_failures=%d sessions=%d lost=%d
 fenced writes: accepted=%d rejected=%d (stale)
 violations: fence=%d told_first=%d (of %d grants) release=%d linearizable=%v keys_left=%d
 grants a fault ended: %d; worst fault-to-notice: %v; worst takeover: %v
-liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals (by nearest fault: %s), over their bound %d`,
+liveness: free while a contender waited: longest %v (%s), sum %v over %d intervals (by nearest fault: %s), over their bound %d%s`,
 		s.Backend, s.Duration.Round(time.Second), strings.Join(faults, " "),
 		s.Grants, s.LockFailures, s.Sessions, s.Lost, s.Writes-s.Rejected, s.Rejected,
 		len(s.FenceViolations), len(s.ToldFirstViolations), s.GrantsChecked, len(s.ReleaseViolations), s.Linearizable, len(s.LeftKeys),
 		s.Ended, s.MaxNotice.Round(time.Millisecond), s.MaxTakeover.Round(time.Millisecond),
-		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, s.Liveness.BySum(), len(s.Liveness.Violations))
+		s.Liveness.Longest.Len().Round(time.Millisecond), s.Liveness.Longest.near(), s.Liveness.Sum.Round(time.Millisecond), s.Liveness.Gaps, s.Liveness.BySum(), len(s.Liveness.Violations), shards)
 }
 
 // faultLog counts faults and measures notice and takeover times.
@@ -110,7 +120,7 @@ func (f *faultLog) count(kind string) {
 	}
 	f.counts[kind]++
 	at := f.h.Now()
-	f.spans = append(f.spans, Fault{Kind: kind, Start: at, End: -1, EndsSessions: kind != "delete-waiter-key"})
+	f.spans = append(f.spans, Fault{Kind: kind, Start: at, End: -1, EndsSessions: kind != "delete-waiter-key" && kind != "restart-member"})
 }
 
 // mended records that the fault injected last (if any) is mended.
@@ -303,6 +313,9 @@ func RunEtcd(ctx context.Context, o EtcdOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	if o.Primitive == Shard {
+		return runShardEtcd(ctx, o)
 	}
 	kinds, err := faultKinds(o.Faults, EtcdFaults)
 	if err != nil {
@@ -595,6 +608,9 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	}
 	if o.Primitive == "" {
 		o.Primitive = Lock
+	}
+	if o.Primitive == Shard {
+		return runShardConsul(ctx, o)
 	}
 	kinds, err := faultKinds(o.Faults, ConsulFaults)
 	if err != nil {

@@ -25,10 +25,11 @@ func txnGuard(key, session string) api.TxnOps {
 }
 
 // nextGuard is the check that the waiter w a handoff goes to still waits:
-// its session holds its queue entry, at the index we know (guard
-// consul/handoff-check-next).
+// its queue entry is at the index we know, which it leaves when its session
+// ends (Behavior delete deletes it, release frees it: a write either way)
+// or it leaves the queue (guard consul/handoff-check-next).
 func nextGuard(w waiter) api.TxnOps {
-	return api.TxnOps{checkSession(w.key, w.session), checkIndex(w.key, w.index)}
+	return api.TxnOps{checkIndex(w.key, w.index)}
 }
 
 // claimGuard is the check that the claim's own session holds its key,

@@ -1079,8 +1079,8 @@ func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 
 // pass, the write behind Unlock, hands the lock to the waiter w linked
 // behind us, in one transaction: [check-session of the lock key on our
-// session, unlock it, lock it for w's session, check-session and
-// check-index of w's entry, write w's held mark, delete w's anchor on us,
+// session, delete it and lock it for w's session, check-index of w's
+// entry, write w's held mark, delete w's anchor on us, read our links,
 // delete our entry and its subtree]. w's blocking query on its subtree
 // answers with the mark: it holds, with the ModifyIndex of this write as
 // its token, and knows whom it hands to next (its own link). With resign
@@ -1096,9 +1096,11 @@ func (g *lockHold) pass(ctx context.Context) error {
 	if g.resign {
 		ops = append(ops, kvOp(api.KVDelete, key))
 	} else {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}})
-		held = len(ops) // the unlock checks our session too
-		ops = append(append(ops, lockOp(key, w.session, []byte(valueTaken))), nextGuard(w)...)
+		// A delete and an acquire for w: the key is never seen free, and a
+		// delete answers nothing where an unlock answers the entry (bytes
+		// on every handoff).
+		ops = append(ops, kvOp(api.KVDelete, key), lockOp(key, w.session, []byte(valueTaken)))
+		ops = append(ops, nextGuard(w)...)
 		ops = append(ops,
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}

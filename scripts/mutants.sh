@@ -100,6 +100,19 @@ for row in "${rows[@]}"; do
   fi
 done
 
+# The command, for cmd/holdfast's tests (holdfastBin), built once too.
+for row in "${rows[@]}"; do
+  IFS='|' read -r guard pkg run <<<"$row"
+  [ "$pkg" = ./cmd/holdfast/ ] || continue
+  if (cd cmd/holdfast && go build -tags holdfast_mutants -o "$work/holdfast" .) >/tmp/holdfast-mutant-build-cmd.log 2>&1; then
+    export HOLDFAST_TEST_BIN="$work/holdfast"
+  else
+    echo "ERROR     building the command with the mutants failed (log /tmp/holdfast-mutant-build-cmd.log)"
+    bin[./cmd/holdfast/]=none
+  fi
+  break
+done
+
 # one runs row $1 (guard|package|pattern) and writes its verdict to
 # $work/verdict.$2: caught, or survived (which counts an error too).
 one() {

@@ -65,9 +65,10 @@ func writerAlone() bool { return true }
 // consul/permit-prune-dead-only).
 func prunable(live map[string]bool, h string) bool { return !live[h] }
 
-// semaphoreHeld reports whether e, a key under a name whose lock key is a
-// semaphore's, keeps a Mutex from deleting that lock key: it is held by a
-// session, a live holder's or waiter's (guard consul/dead-semaphore-only).
+// semaphoreHeld reports whether e, a name's lock key of another kind (a
+// semaphore's, an RWMutex's) or a key under that name, keeps the lock key
+// from being replaced as dead (see deadkey.go): it is held by a session, a
+// live holder's or waiter's (guard consul/dead-semaphore-only).
 func semaphoreHeld(e *api.KVPair) bool { return e.Session != "" }
 
 // keyCheck says that the session checks its held lock keys after every

@@ -100,7 +100,7 @@ type session struct {
 	// silent), so the close is bounded as after a loss (closeSession).
 	// silent: the store did not answer within --timeout: the close is not
 	// waited for at all (the store expires the session).
-	silent bool
+	silent     bool
 	unanswered bool
 }
 

@@ -175,7 +175,7 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 	if err != nil {
 		return holdfast.Leader{}, apiError("leader of "+e.m.name, err)
 	}
-	if err := e.m.compatible(view{lock: kv}); err != nil {
+	if err := e.m.compatibleLock(kv); err != nil {
 		return holdfast.Leader{}, err
 	}
 	l := leaderOf(kv)

@@ -1,49 +1,26 @@
 package consul
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
-
-	"github.com/holdfast/holdfast/embedtest"
 )
 
 // TestLateHandoffRelocked (issue 25, defect 2, as tests/shard met it): S's
 // queue-up lands after its Lock gave up, the lock is handed to that entry
 // as H's Unlock would (the lock key is held by S's session, with no grant
-// behind it), W
-// and S locks the name again before the session's delayed sweep of the
-// failed attempt ran, W queueing beside it. The new acquisition releases
-// the stale lock key, and wakes W if W linked behind the stale entry: both
-// are granted, one after the other. Before the fix S's new entry
-// waited for a handoff that could not come (the key was its own
-// session's), W behind it: S's Lock ended with its 3 s context, the lock
-// key held by S.
+// behind it), and S locks the name again before the session's delayed
+// sweep of the failed attempt ran, W queueing beside it. The new
+// acquisition releases the stale lock key, and wakes W if W linked behind
+// the stale entry: both are granted, one after the other. Before the fix
+// S's new entry waited for a handoff that could not come (the key was its
+// own session's), W behind it: S's Lock ended with its 3 s context, the
+// lock key held by S.
 func TestLateHandoffRelocked(t *testing.T) {
 	t.Parallel()
-	a := agent(t)
-	admin := a.Client(t)
-	name := uniqueName(t)
-	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
-	sc, ft := faultClient(t, a)
-	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
-	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
-	hg, err := h.Lock(timeout(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), s.tailKey), 1, embedtest.FaultLate)
-	f.Late = 50 * time.Millisecond
-	if g, err := s.Lock(timeout(t, 300*time.Millisecond)); err == nil {
-		_ = g.Unlock(timeout(t, 5*time.Second))
-		t.Fatal("S's Lock succeeded: its queue-up was held")
-	}
-	<-f.Done()
-	if !slices.Contains(keys(t, admin, name), s.queueKey) {
-		t.Fatal("S's late queue-up left no entry: the test proves nothing")
-	}
+	l := lateQueueUp(t, 300*time.Millisecond, 50*time.Millisecond)
+	admin, name, s, w, hg := l.admin, l.name, l.s, l.w, l.hg
 	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

@@ -25,10 +25,11 @@ func txnGuard(key, session string) api.TxnOps {
 }
 
 // nextGuard is the check that the waiter w a handoff goes to still waits:
-// its session holds its queue entry, at the index we know (guard
-// consul/handoff-check-next).
+// its queue entry is at the index we know, which it leaves when its session
+// ends (Behavior delete deletes it, release frees it: a write either way)
+// or it leaves the queue (guard consul/handoff-check-next).
 func nextGuard(w waiter) api.TxnOps {
-	return api.TxnOps{checkSession(w.key, w.session), checkIndex(w.key, w.index)}
+	return api.TxnOps{checkIndex(w.key, w.index)}
 }
 
 // claimGuard is the check that the claim's own session holds its key,
@@ -64,9 +65,10 @@ func writerAlone() bool { return true }
 // consul/permit-prune-dead-only).
 func prunable(live map[string]bool, h string) bool { return !live[h] }
 
-// semaphoreHeld reports whether e, a key under a name whose lock key is a
-// semaphore's, keeps a Mutex from deleting that lock key: it is held by a
-// session, a live holder's or waiter's (guard consul/dead-semaphore-only).
+// semaphoreHeld reports whether e, a name's lock key of another kind (a
+// semaphore's, an RWMutex's) or a key under that name, keeps the lock key
+// from being replaced as dead (see deadkey.go): it is held by a session, a
+// live holder's or waiter's (guard consul/dead-semaphore-only).
 func semaphoreHeld(e *api.KVPair) bool { return e.Session != "" }
 
 // keyCheck says that the session checks its held lock keys after every

@@ -31,7 +31,7 @@ func nextGuard(w waiter) api.TxnOps {
 	if mutant.On("consul/handoff-check-next") {
 		return nil
 	}
-	return api.TxnOps{checkSession(w.key, w.session), checkIndex(w.key, w.index)}
+	return api.TxnOps{checkIndex(w.key, w.index)}
 }
 
 func claimGuard(c *Claim) api.TxnOps {

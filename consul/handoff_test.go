@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
 )
 
 // lockResult is what a Lock in a goroutine came to.
@@ -108,11 +109,13 @@ func TestHandoffFIFO(t *testing.T) {
 	name := uniqueName(t)
 	x := newMutex(t, newSession(t, c, WithLockDelay(0)), name)
 	var ws []*Mutex
+	var takes []*embedtest.Fault // a waiter's own acquire of the lock key
 	for range 4 {
-		ws = append(ws, newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name))
+		wc, ft := faultClient(t, a)
+		ws = append(ws, newMutex(t, newSession(t, wc, WithLockDelay(0)), name))
+		takes = append(takes, ft.Inject(embedtest.TxnHas(string(api.KVLock), LockKey(name)), 1, embedtest.FaultRefuse))
 	}
 	g, res := holderKnowing(t, c, name, x, ws...)
-	created := lockKeyNow(t, c, name).CreateIndex
 	prev := x
 	for i := range ws {
 		if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
@@ -133,8 +136,12 @@ func TestHandoffFIFO(t *testing.T) {
 		if pair == nil || pair.Session != ws[i].s.id || tokenOf(pair) != uint64(r.g.Token()) {
 			t.Fatalf("waiter %d: lock key %+v, want held by its session at its token %d", i, pair, r.g.Token())
 		}
-		if pair.CreateIndex != created {
-			t.Errorf("waiter %d: lock key recreated (CreateIndex %d, was %d): released, not handed off", i, pair.CreateIndex, created)
+		// Handed off: the waiter never sent an acquire of its own (it would
+		// have, had the key been released for it to take).
+		select {
+		case <-takes[i].Fired():
+			t.Errorf("waiter %d acquired the lock key itself: released, not handed off", i)
+		default:
 		}
 		if r.g.Token() <= g.Token() {
 			t.Errorf("waiter %d: token %d, not above the previous holder's %d", i, r.g.Token(), g.Token())

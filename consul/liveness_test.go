@@ -141,6 +141,44 @@ func TestLeaveLostWakeup(t *testing.T) {
 	}
 }
 
+// lateSetup is what lateQueueUp leaves: H holds the name (grant hg); S's
+// Lock gave up, and its queue-up landed after that; W has not started.
+type lateSetup struct {
+	admin   *api.Client
+	name    string
+	h, s, w *Mutex
+	hg      *Grant
+}
+
+// lateQueueUp sets up issue 25's defect 2: H holds; S's Lock, bounded by
+// wait, sends its queue-up, which Consul gets late more after S's call
+// (so after the Lock gave up and its cleanup ran): S's entry stays, with
+// no Lock behind it.
+func lateQueueUp(t *testing.T, wait, late time.Duration) lateSetup {
+	t.Helper()
+	a := agent(t)
+	l := lateSetup{admin: a.Client(t), name: uniqueName(t)}
+	l.h = newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), l.name)
+	sc, ft := faultClient(t, a)
+	l.s = newMutex(t, newSession(t, sc, WithLockDelay(0)), l.name)
+	l.w = newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), l.name)
+	var err error
+	if l.hg, err = l.h.Lock(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), l.s.tailKey), 1, embedtest.FaultLate)
+	f.Late = late
+	if g, err := l.s.Lock(timeout(t, wait)); err == nil {
+		_ = g.Unlock(timeout(t, 5*time.Second))
+		t.Fatal("S's Lock succeeded: its queue-up was held")
+	}
+	<-f.Done()
+	if !slices.Contains(keys(t, l.admin, l.name), l.s.queueKey) {
+		t.Fatal("S's late queue-up left no entry: the test proves nothing")
+	}
+	return l
+}
+
 // TestLateQueueUp (issue 25, defect 2): H holds; S's Lock has a 1 s
 // context and its queue-up reaches Consul only after the Lock gave up and
 // its cleanup ran. W queues behind, H unlocks: W is granted within 1.5 s
@@ -150,27 +188,8 @@ func TestLeaveLostWakeup(t *testing.T) {
 // live session, and W still waited 5 s later (until S's session ended).
 func TestLateQueueUp(t *testing.T) {
 	t.Parallel()
-	a := agent(t)
-	admin := a.Client(t)
-	name := uniqueName(t)
-	h := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
-	sc, ft := faultClient(t, a)
-	s := newMutex(t, newSession(t, sc, WithLockDelay(0)), name)
-	w := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
-	hg, err := h.Lock(timeout(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), s.tailKey), 1, embedtest.FaultLate)
-	f.Late = 100 * time.Millisecond
-	if g, err := s.Lock(timeout(t, time.Second)); err == nil {
-		_ = g.Unlock(timeout(t, 5*time.Second))
-		t.Fatal("S's Lock succeeded: its queue-up was held")
-	}
-	<-f.Done()
-	if !slices.Contains(keys(t, admin, name), s.queueKey) {
-		t.Fatal("S's late queue-up left no entry: the test proves nothing")
-	}
+	l := lateQueueUp(t, time.Second, 100*time.Millisecond)
+	admin, name, w, hg := l.admin, l.name, l.w, l.hg
 	wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
 	if err := hg.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -135,8 +134,9 @@ func (p *permits) holderLeaves(v pview, how leaveMode) (ops api.TxnOps, after bo
 	} else {
 		delete(st.holders, p.s.id)
 	}
-	st, admitted := p.admit(st, v.waiters)
-	if len(st.holders) == 0 && len(v.waiters) == 0 && v.lock != nil {
+	others := v.others(p) // our own key waits if a late join of ours replaced it
+	st, admitted := p.admit(st, others)
+	if len(st.holders) == 0 && len(others) == 0 && v.lock != nil {
 		ops = append(ops, deleteCAS(p.lockKey, v.lock.ModifyIndex)) // nothing left behind
 	} else {
 		ops = append(ops, p.writeOps(v, st, admitted)...)
@@ -161,7 +161,7 @@ func (p *permits) waiterLeaves(v pview) (ops api.TxnOps, after bool) {
 	if v.err != nil {
 		return ops, false
 	}
-	if others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey }); len(others) > 0 {
+	if others := v.others(p); len(others) > 0 {
 		st, admitted := p.admit(v.st, others)
 		ops = append(ops, p.writeOps(v, st, admitted)...)
 	}

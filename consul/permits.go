@@ -285,6 +285,11 @@ func (v pview) waiting(p *permits) bool {
 	return v.me != nil && slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey })
 }
 
+// others returns the waiters other than us.
+func (v pview) others(p *permits) []contender {
+	return slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey })
+}
+
 // ahead returns the waiters queued before us.
 func (v pview) ahead() []contender {
 	var a []contender

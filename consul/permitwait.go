@@ -68,11 +68,6 @@ func (p *permits) leftover() leftover {
 	}}
 }
 
-// sweepDelays are when, after a failed acquisition whose join or admission
-// had an unknown outcome, the session looks again for a key of ours (see
-// Session.sweepLater; the Mutex's are the same).
-var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
-
 // try is TryLock: one read; if the permit is free and nobody waits, one
 // transaction that creates our key already admitted and adds us to the lock
 // key by CAS. It writes nothing otherwise.

@@ -246,13 +246,8 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if semaphore(v.lock) {
-			if err := m.dropDeadSemaphore(ctx, v.lock); err != nil {
-				return 0, err
-			}
-			if v, err = a.read(ctx); err != nil {
-				return 0, err
-			}
+		if err := m.deadLock(ctx, v.lock); err != nil {
+			return 0, err
 		}
 		if err := m.compatible(v); err != nil {
 			return 0, err
@@ -300,19 +295,6 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	m := a.m
 	for {
 		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		if semaphore(lock) {
-			if err := m.dropDeadSemaphore(ctx, lock); err != nil {
-				return 0, err
-			}
-			var err error
-			if lock, err = a.get(ctx, m.lockKey); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if err := m.compatibleLock(lock); err != nil {
 			return 0, err
 		}
 		if a.handedToUs(lock) {
@@ -385,6 +367,9 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 				return 0, err
 			}
 			continue
+		}
+		if err := m.deadLock(ctx, lock); err != nil {
+			return 0, err
 		}
 		token, out, err := a.take(ctx, lock, nil, false)
 		switch {
@@ -707,8 +692,8 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 			if err != nil {
 				return nil, err
 			}
-			if semaphore(v.lock) {
-				return names, m.dropDeadSemaphore(ctx, v.lock) // then the queue-up reads the lock key again
+			if err := m.deadLock(ctx, v.lock); err != nil {
+				return nil, err
 			}
 			return names, m.compatible(v)
 		}
@@ -980,73 +965,44 @@ func (v view) predecessor() *api.KVPair {
 // free reports whether the lock key is absent or held by no session.
 func free(lock *api.KVPair) bool { return lock == nil || lock.Session == "" }
 
-// compatible returns an error wrapping holdfast.ErrConflict if the lock key
-// exists with flags other than a lock's (a semaphore's, say), or if a live
-// lock lies under "<name>/": a key held by a session (a lock of a longer
-// name, an api.Semaphore's contender). A key held by no session (a plain
-// data key, a dead contender's) is nobody's lock: it is left alone.
+// compatible returns an error wrapping holdfast.ErrConflict if a live lock
+// lies under "<name>/": a key held by a session (a lock of a longer name,
+// an api.Semaphore's contender). A key held by no session (a plain data
+// key, a dead contender's) is nobody's lock: it is left alone. (A lock key
+// of another kind is checked before it is taken: see Mutex.deadLock.)
 func (m *Mutex) compatible(v view) error {
-	if err := m.compatibleLock(v.lock); err != nil {
-		return err
-	}
 	if v.other != "" {
 		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
 	}
 	return nil
 }
 
-// semaphore reports whether lock is a semaphore's lock key (api.Semaphore's
-// flags: api.Semaphore, `consul lock -n N`).
-func semaphore(lock *api.KVPair) bool { return lock != nil && lock.Flags == api.SemaphoreFlagValue }
-
-// dropDeadSemaphore deletes lock, a semaphore's lock key (see semaphore),
-// if no live session can hold that semaphore any more: no key under the
-// name outside our queue is held by a session (api.Semaphore's holders and
-// waiters each hold a contender key, which their sessions delete as they
-// end, and api.Semaphore.Destroy counts only the holders that have one). The
-// delete is guarded by the index read, as Destroy's; if it fails, the key
-// changed, and the caller reads it again. A live semaphore is an error
-// wrapping holdfast.ErrConflict that says how to free the name (before, a
-// Mutex refused the name for ever once a `consul lock -n` was killed:
-// TestDeadSemaphoreLockKey).
-func (m *Mutex) dropDeadSemaphore(ctx context.Context, lock *api.KVPair) error {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return txnError("read "+m.name, rb)
-	case err != nil:
-		return err
-	}
-	for _, r := range resp.Results {
-		e := r.KV
-		if e == nil || !semaphoreHeld(e) || e.Key == m.tailKey || strings.HasPrefix(e.Key, m.queuePrefix) {
-			continue
-		}
-		return fmt.Errorf("%w: %s is a semaphore's (api.Semaphore or `consul lock -n`: flags %#x), and %s is held by live session %s; "+
-			"a Mutex takes the name once no session holds a key under %s/ (a killed `consul lock -n` holds one until its session expires); "+
-			"to free it by hand, stop the semaphore's users and run `consul kv delete %s`",
-			holdfast.ErrConflict, m.lockKey, lock.Flags, e.Key, e.Session, m.name, m.lockKey)
-	}
-	_, err = m.s.txn(rctx, api.TxnOps{deleteCAS(m.lockKey, lock.ModifyIndex)})
-	switch {
-	case errors.As(err, &rb) && rb.denied():
-		return txnError("delete the dead semaphore's "+m.lockKey, rb)
-	case rb != nil:
-		return nil // it changed since: read it again
-	}
-	return err
-}
-
 // compatibleLock returns an error wrapping holdfast.ErrConflict if the lock
 // key exists with flags other than a lock's (a semaphore's, say).
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
-	if lock != nil && lock.Flags != api.LockFlagValue {
+	if otherKind(lock) {
 		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
 	}
 	return nil
+}
+
+// otherKind reports whether lock is the lock key of another kind of lock
+// (flags other than a lock's: a semaphore's, an RWMutex's).
+func otherKind(lock *api.KVPair) bool { return lock != nil && lock.Flags != api.LockFlagValue }
+
+// deadLock returns nil if lock, the lock key as read, is a lock's, or is
+// another kind's that is dead (see deadKey.go): the take then replaces it,
+// guarded by its index. A live one is an error wrapping
+// holdfast.ErrConflict that says how to free the name (before, a Mutex
+// refused the name for ever once a `consul lock -n` was killed:
+// TestDeadSemaphoreLockKey; or once an RWMutex's holder was cut off:
+// TestDeadRWLockKey).
+func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
+	if !otherKind(lock) {
+		return nil
+	}
+	own := func(key string) bool { return key == m.tailKey || strings.HasPrefix(key, m.queuePrefix) }
+	return m.s.deadKey(ctx, m.prefix, lock, own, "a holdfast Mutex or Election")
 }
 
 // lockHold is the release state of a grant taken through the queue (a
@@ -1123,8 +1079,8 @@ func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 
 // pass, the write behind Unlock, hands the lock to the waiter w linked
 // behind us, in one transaction: [check-session of the lock key on our
-// session, unlock it, lock it for w's session, check-session and
-// check-index of w's entry, write w's held mark, delete w's anchor on us,
+// session, delete it and lock it for w's session, check-index of w's
+// entry, write w's held mark, delete w's anchor on us, read our links,
 // delete our entry and its subtree]. w's blocking query on its subtree
 // answers with the mark: it holds, with the ModifyIndex of this write as
 // its token, and knows whom it hands to next (its own link). With resign
@@ -1140,9 +1096,11 @@ func (g *lockHold) pass(ctx context.Context) error {
 	if g.resign {
 		ops = append(ops, kvOp(api.KVDelete, key))
 	} else {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: s.id}})
-		held = len(ops) // the unlock checks our session too
-		ops = append(append(ops, lockOp(key, w.session, []byte(valueTaken))), nextGuard(w)...)
+		// A delete and an acquire for w: the key is never seen free, and a
+		// delete answers nothing where an unlock answers the entry (bytes
+		// on every handoff).
+		ops = append(ops, kvOp(api.KVDelete, key), lockOp(key, w.session, []byte(valueTaken)))
+		ops = append(ops, nextGuard(w)...)
 		ops = append(ops,
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}

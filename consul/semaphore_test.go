@@ -657,3 +657,35 @@ func TestSemaphoreLateJoinSwept(t *testing.T) {
 	_ = g2.Unlock(ctx)
 	leftNothing(t, c, name)
 }
+
+// TestSemaphoreLateJoinWhileHeld: a join of ours that lands late (a Lock
+// that gave up, whose request reached Consul after the cleanup) while a
+// later Lock of ours holds a permit replaces our held key with a waiting
+// one. The holder's Unlock must not admit that key (its own) and then
+// delete it: before the fix it did, and left "<name>/.lock" naming our
+// session as a holder with no key behind it, for good once nobody else
+// came (the request-fault table's "semaphore, late, join" case, about 1 run
+// in 5 of HOLDFAST_FAULTS=all).
+func TestSemaphoreLateJoinWhileHeld(t *testing.T) {
+	a := agent(t)
+	c := a.Client(t)
+	name := uniqueName(t)
+	ctx := timeout(t, 30*time.Second)
+	s := newSession(t, c)
+	g, err := newSemaphore(t, s, name, 2).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The late join's transaction, as pacq.enter sends it.
+	late := api.TxnOps{
+		kvOp(api.KVDelete, name+"/"+s.ID()),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name + "/" + s.ID(), Session: s.ID(), Flags: SemaphoreFlagValue, Value: []byte(valWait)}},
+	}
+	if ok, resp, _, err := c.Txn().Txn(late, nil); err != nil || !ok {
+		t.Fatalf("the late join: %v %v", err, resp)
+	}
+	_ = g.Unlock(ctx) // the held key was replaced: ErrNotHeld or nil, either is fine
+	if l := semLock(t, c, name); l != nil {
+		t.Errorf("after Unlock, %s/.lock still names holders %v (our session holds no key there: %v)", name, l.Holders, keys(t, c, name))
+	}
+}

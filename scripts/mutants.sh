@@ -65,6 +65,7 @@ cmd/guard-deadline|./cmd/holdfast/|TestPausedHolderStopsCommand|TestDeadlineStop
 cmd/term-grace|./cmd/holdfast/|TestShortPause
 cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
+cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate
@@ -97,6 +98,19 @@ for row in "${rows[@]}"; do
     bin[$pkg]=none
     echo "ERROR     building $pkg with the mutants failed, which proves nothing (log $log)"
   fi
+done
+
+# The command, for cmd/holdfast's tests (holdfastBin), built once too.
+for row in "${rows[@]}"; do
+  IFS='|' read -r guard pkg run <<<"$row"
+  [ "$pkg" = ./cmd/holdfast/ ] || continue
+  if (cd cmd/holdfast && go build -tags holdfast_mutants -o "$work/holdfast" .) >/tmp/holdfast-mutant-build-cmd.log 2>&1; then
+    export HOLDFAST_TEST_BIN="$work/holdfast"
+  else
+    echo "ERROR     building the command with the mutants failed (log /tmp/holdfast-mutant-build-cmd.log)"
+    bin[./cmd/holdfast/]=none
+  fi
+  break
 done
 
 # one runs row $1 (guard|package|pattern) and writes its verdict to

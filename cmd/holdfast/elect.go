@@ -44,7 +44,9 @@ no Consul session): it reads the election as "holdfast status" does and
 prints the current leader (or "no leader"), then every change, one line
 each (--json: one JSON object), until interrupted. --timeout bounds
 connecting and each read (default ` + statusTimeout.String() + `): a store that does not answer
-within it, or refuses the connection, ends --observe with 125.
+within it, or refuses the connection, ends --observe with 125; while it
+waits for a change, it checks every --timeout that the store still answers:
+one that went silent ends it with 125 within twice --timeout.
 
 Exit status:
   CMD's own       CMD ran and exited (128+N if it was killed by signal N);

@@ -29,9 +29,14 @@ var (
 	buildErr  error
 )
 
-// holdfastBin builds the command once per test run and returns its path.
+// holdfastBin builds the command once per test run and returns its path:
+// or returns $HOLDFAST_TEST_BIN, the command built from this tree with
+// buildTags (scripts/mutants.sh builds it once for all its rows).
 func holdfastBin(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("HOLDFAST_TEST_BIN"); p != "" {
+		return p
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "holdfast-bin-")
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
 	"github.com/holdfast/holdfast/shard"
 )
 
@@ -159,15 +160,17 @@ func (r shardRunner) work(ctx context.Context, sh shard.Shard, gr holdfast.Grant
 	cmd.Stdout, cmd.Stderr = r.e.stdout, r.e.stderr
 	// runUnder sends CMD SIGTERM when its context ends; SIGKILL after
 	// --kill-grace goes through its signal channel.
+	// exited is closed once runUnder has returned (CMD exited): the
+	// escalation waits on it, not on rctx, which it cancels itself.
 	rctx, stopCmd := context.WithCancel(context.Background())
 	defer stopCmd()
 	sigs := make(chan os.Signal, 1)
-	escalated := make(chan struct{})
+	exited, escalated := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(escalated)
 		select {
 		case <-ctx.Done():
-		case <-rctx.Done():
+		case <-exited:
 			return
 		}
 		stopCmd()
@@ -175,13 +178,15 @@ func (r shardRunner) work(ctx context.Context, sh shard.Shard, gr holdfast.Grant
 		defer t.Stop()
 		select {
 		case <-t.C:
-			sigs <- syscall.SIGKILL
-		case <-rctx.Done():
+			if !mutant.On("cmd/shard-kill-grace") {
+				sigs <- syscall.SIGKILL
+			}
+		case <-exited:
 		}
 	}()
 	fmt.Fprintf(r.e.stderr, "holdfast: %s: shard %s: starting CMD (token %s)\n", r.group, sh.Name, gr.Token())
 	werr, lostCause, err := runUnder(rctx, gr, cmd, policing{name: name, what: "the shard", grace: r.grace, ttl: r.ttl, stderr: r.e.stderr, sigs: sigs})
-	stopCmd()
+	close(exited)
 	<-escalated
 	switch {
 	case err != nil:

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -49,6 +50,8 @@ time the keys under NAME change (in place on a terminal), until interrupted.
 
 --timeout bounds connecting and each read (default ` + statusTimeout.String() + `): a store that
 does not answer within it, or refuses the connection, ends status with 125.
+--watch checks every --timeout that the store still answers: one that went
+silent ends it with 125 within twice --timeout.
 
 Exit status:
   0               the state was shown; --watch was interrupted
@@ -257,9 +260,9 @@ func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader,
 		}
 		c, err := clientv3.New(cfg)
 		if err != nil {
-			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err))}
+			return nil, exitError{exitFailed, fmt.Errorf("%s: %w%s", f.describe(), err, diagnose(eps, cfg.TLS, err, probeTime))}
 		}
-		return etcdReader{c: c, tls: cfg.TLS}, nil
+		return etcdReader{c: c, tls: cfg.TLS, timeout: timeout}, nil
 	case "consul":
 		sec, err := f.secure()
 		if err != nil {
@@ -281,48 +284,70 @@ func (f *storeFlags) reader(ctx context.Context, timeout time.Duration) (reader,
 		if err != nil {
 			return nil, exitError{exitFailed, fmt.Errorf("%s: %w", f.describe(), err)}
 		}
-		return consulReader{c}, nil
+		return consulReader{c: c, timeout: timeout}, nil
 	default:
 		return nil, usagef("--backend %q: want etcd or consul", *f.backend)
 	}
 }
 
 type etcdReader struct {
-	c   *clientv3.Client
-	tls *tls.Config // for a diagnosis
+	c       *clientv3.Client
+	tls     *tls.Config   // for a diagnosis
+	timeout time.Duration // --timeout: see wait
 }
 
 func (r etcdReader) close() { r.c.Close() }
 
 func (r etcdReader) read(ctx context.Context, name string) (*holdfast.State, error) {
+	// The diagnosis of a read that times out is made within ctx's bound:
+	// its probes start probeTime before the deadline, while the read
+	// still waits (and are not made at all if the read is answered).
+	var diag chan string
+	if dl, ok := ctx.Deadline(); ok {
+		probe := min(probeTime, time.Until(dl)/4)
+		diag = make(chan string, 1)
+		t := time.AfterFunc(time.Until(dl)-probe, func() { diag <- diagnose(r.c.Endpoints(), r.tls, context.DeadlineExceeded, probe) })
+		defer t.Stop()
+	}
 	var st *holdfast.State
 	err := failFastRefused(ctx, r.c.Endpoints(), func(ctx context.Context) (err error) {
 		st, err = hfetcd.Inspect(ctx, r.c, name)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w%s", err, diagnose(r.c.Endpoints(), r.tls, err))
+		d := ""
+		if errors.Is(err, context.DeadlineExceeded) && diag != nil {
+			t := time.NewTimer(20 * time.Millisecond) // the probes end with the bound
+			select {
+			case d = <-diag:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		return nil, fmt.Errorf("%w%s", err, d)
 	}
 	return st, nil
 }
 
+// probeTime bounds diagnose's probe of each endpoint.
+const probeTime = 500 * time.Millisecond
+
 // diagnose says why etcd could not be reached in time (its client waits
 // for a connection until the deadline), from one TLS or TCP probe of each
-// endpoint: "" if the error is another, or if an endpoint looks fine.
-func diagnose(endpoints []string, tlsCfg *tls.Config, err error) string {
+// endpoint, each bounded by probe (the endpoints are probed at once): ""
+// if the error is another, or if an endpoint looks fine.
+func diagnose(endpoints []string, tlsCfg *tls.Config, err error, probe time.Duration) string {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return ""
 	}
+	results := make([]error, len(endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range endpoints {
+		wg.Go(func() { results[i] = probeEndpoint(ep, tlsCfg, probe) })
+	}
+	wg.Wait()
 	var errs []string
-	for _, ep := range endpoints {
-		host, cfg := ep, tlsCfg
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			host = u.Host
-			if cfg == nil && u.Scheme == "https" {
-				cfg = &tls.Config{} // the system's roots
-			}
-		}
-		err := tlsfiles.Probe(host, cfg, 500*time.Millisecond)
+	for _, err := range results {
 		if err == nil {
 			return ""
 		}
@@ -331,24 +356,61 @@ func diagnose(endpoints []string, tlsCfg *tls.Config, err error) string {
 	return "; " + strings.Join(errs, "; ")
 }
 
+// probeEndpoint is one of diagnose's probes.
+func probeEndpoint(ep string, tlsCfg *tls.Config, probe time.Duration) error {
+	host, cfg := ep, tlsCfg
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		host = u.Host
+		if cfg == nil && u.Scheme == "https" {
+			cfg = &tls.Config{} // the system's roots
+		}
+	}
+	return tlsfiles.Probe(host, cfg, probe)
+}
+
+// wait returns once the keys under name changed after index. A watch on
+// a link that went silent waits for ever, so every --timeout it also
+// reads the keys' count, bounded by --timeout: a store silent for that
+// long ends the wait with an error, within twice --timeout.
 func (r etcdReader) wait(ctx context.Context, name string, index uint64) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range r.c.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(int64(index)+1)) {
-		if err := wr.Err(); err != nil {
-			return fmt.Errorf("etcd: watch %s/: %w", name, err)
-		}
-		if len(wr.Events) > 0 {
-			return nil
+	wch := r.c.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(int64(index)+1))
+	tick := time.NewTicker(r.timeout)
+	defer tick.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return errors.New("etcd: watch ended")
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("etcd: watch %s/: %w", name, err)
+			}
+			if len(wr.Events) > 0 {
+				return nil
+			}
+		case <-tick.C:
+			pctx, pcancel := context.WithTimeout(ctx, r.timeout)
+			_, err := r.c.Get(pctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			pcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("did not answer within %v while watching: %w", r.timeout, err)
+			}
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return errors.New("etcd: watch ended")
 }
 
-type consulReader struct{ c *api.Client }
+type consulReader struct {
+	c       *api.Client
+	timeout time.Duration // --timeout: see wait
+}
 
 func (r consulReader) close() {}
 
@@ -356,14 +418,21 @@ func (r consulReader) read(ctx context.Context, name string) (*holdfast.State, e
 	return hfconsul.Inspect(ctx, r.c, name)
 }
 
-// wait returns once the keys under name changed after index (a blocking
-// query, renewed every 5 minutes).
+// wait returns once the keys under name changed after index: a blocking
+// query, renewed every --timeout, and bounded by that wait (plus the
+// agent's jitter, 1/16 of it) and --timeout: a store silent that long ends
+// the wait with an error, within twice --timeout and a bit.
 func (r consulReader) wait(ctx context.Context, name string, index uint64) error {
+	wait := r.timeout
 	for {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute+30*time.Second)
-		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(qctx)
+		qctx, cancel := context.WithTimeout(ctx, wait+wait/16+r.timeout)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(qctx)
 		_, meta, err := r.c.KV().Keys(name+"/", "", q)
+		silent := qctx.Err() != nil && ctx.Err() == nil
 		cancel()
+		if silent {
+			return fmt.Errorf("did not answer within %v while watching: %w", r.timeout, err)
+		}
 		if err != nil {
 			return fmt.Errorf("consul: watch %s/: %w", name, err)
 		}

@@ -23,6 +23,7 @@ import (
 // counter ends equal to the number of successful guarded writes, the values
 // written are exactly 1..n, and fencing tokens increase with them.
 func TestCounterUnderLeaderLoss(t *testing.T) {
+	t.Parallel() // its own etcd, and mostly waiting: beside the other long tests
 	c := etcdtest.EtcdCluster(t, 3)
 	const (
 		workers = 4

@@ -473,6 +473,7 @@ var ftModes = []etcdtest.FaultMode{etcdtest.Refuse, etcdtest.LoseAnswer, etcdtes
 // of request but the session's (renew, close);
 // -faults.full (make faults): every case.
 func TestEtcdFaultTable(t *testing.T) {
+	t.Parallel() // its own etcd, and mostly waiting: beside the other long tests
 	c := etcdtest.Etcd(t)
 	admin := c.Client(t)
 	ran, failed := 0, 0

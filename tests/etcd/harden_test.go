@@ -353,6 +353,7 @@ func TestTxnRefusesLockKeys(t *testing.T) {
 // Defect 6: NewSession and Dial on an unreachable endpoint return within the
 // default connect timeout (or ctx's deadline) and say why.
 func TestNewSessionUnreachable(t *testing.T) {
+	t.Parallel() // no server, and waiting out a timeout: beside the other long tests
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -722,6 +723,7 @@ func TestCompactionWhileHeld(t *testing.T) {
 // Defect 13: a frozen follower does not end sessions: each keepalive attempt
 // is bounded, so the next one reaches a healthy member.
 func TestFrozenFollowerKeepsSessions(t *testing.T) {
+	t.Parallel() // its own etcd, and mostly waiting: beside the other long tests
 	c := etcdtest.EtcdCluster(t, 3)
 	leader, err := c.WaitLeader(10 * time.Second)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 // name's counter equals the number of acquisitions that included it: no
 // two holders of a name ever overlapped (a lost update would show).
 func TestMultiMutexFencedCounters(t *testing.T) {
+	t.Parallel() // its own etcd, and mostly waiting: beside the other long tests
 	c := etcdtest.Etcd(t)
 	const clients, nNames = 8, 6
 	run := 10 * time.Second

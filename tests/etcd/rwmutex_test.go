@@ -711,6 +711,7 @@ func TestCountingFrozenStore(t *testing.T) {
 // up while they wait, some writers downgrading; never a writer beside
 // anyone (counted in-process), and every key gone at the end.
 func TestRWMutexChurnThreeMembers(t *testing.T) {
+	t.Parallel() // its own etcd, and mostly waiting: beside the other long tests
 	c := etcdtest.EtcdCluster(t, 3)
 	admin := c.Client(t)
 	ctx := context.Background()

@@ -228,8 +228,10 @@ func (h *holderProc) expect(t *testing.T, prefix string, within time.Duration) s
 // its guarded write applies nothing. Then SIGKILL of a holder: the next
 // waiter gets the lock within TTL (+ lock-delay, 0 here).
 func TestHolderPause(t *testing.T) {
+	t.Parallel()
 	for _, backend := range []string{"etcd", "consul"} {
 		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
 			res := NewResource()
 			srv := resourceServer(t, res)
 			name := fmt.Sprintf("safety/pause/%d", time.Now().UnixNano())

@@ -57,6 +57,7 @@ type Summary struct {
 	// times a shard moved from one member to another (shard.ErrMoved);
 	// LongestShard is the shard of Liveness.Longest.
 	Shards, Moves, LongestShard int
+	LongestBetween              string // the ops that bound it
 }
 
 // OK reports whether every checker passed.
@@ -77,8 +78,8 @@ func (s Summary) String() string {
 	}
 	var shards string
 	if s.Shards > 0 {
-		shards = fmt.Sprintf("\nshards: %d, moved %d times; the longest free interval: shard %d, from %v to %v", s.Shards, s.Moves,
-			s.LongestShard, s.Liveness.Longest.From.Round(time.Millisecond), s.Liveness.Longest.To.Round(time.Millisecond))
+		shards = fmt.Sprintf("\nshards: %d, moved %d times; the longest free interval: shard %d, from %v to %v%s", s.Shards, s.Moves,
+			s.LongestShard, s.Liveness.Longest.From.Round(time.Millisecond), s.Liveness.Longest.To.Round(time.Millisecond), s.LongestBetween)
 	}
 	return fmt.Sprintf(`backend: %s, %v
 faults injected: %s

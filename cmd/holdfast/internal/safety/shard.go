@@ -396,9 +396,18 @@ func (r *shardScenario) finish(s *Summary, live LivenessBounds) {
 		l := &s.Liveness
 		l.Gaps += sub.Liveness.Gaps
 		l.Sum += sub.Liveness.Sum
-		if sub.Liveness.Longest.Len() > l.Longest.Len() {
-			l.Longest = sub.Liveness.Longest
+		if lg := sub.Liveness.Longest; lg.Len() > l.Longest.Len() {
+			l.Longest = lg
 			s.LongestShard = i
+			s.LongestBetween = ""
+			for _, op := range w.History.Ops() {
+				switch {
+				case (op.Kind == Release || op.Kind == End) && op.Call == lg.From:
+					s.LongestBetween += fmt.Sprintf(" after client %d's %v of token %d", op.Client, op.Kind, op.Token)
+				case op.Kind == Acquire && op.OK && op.Return == lg.To:
+					s.LongestBetween += fmt.Sprintf(" until client %d's grant of token %d", op.Client, op.Token)
+				}
+			}
 		}
 		for k, v := range sub.Liveness.ByFault {
 			if l.ByFault == nil {

@@ -72,6 +72,7 @@ func runningShards(evs []shardEvent, n int) []*shardEvent {
 // shards' CMDs run again in the others within the TTL + 1 s; SIGTERM ends
 // the others with status 0 after stopping their CMDs.
 func TestShardCommand(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Etcd(t)
 	shardCommandCase(t, []string{"--endpoints", etcd.Endpoints()[0]}, []string{"--ttl", "2s"}, 2*time.Second)
 }
@@ -83,6 +84,7 @@ func TestShardCommand(t *testing.T) {
 // releases each shard as soon as its CMD has exited, and the new owner is
 // already waiting for it).
 func TestShardCommandConsul(t *testing.T) {
+	t.Parallel()
 	a := embedtest.Consul(t)
 	shardCommandCase(t, []string{"--backend", "consul", "--addr", a.HTTPAddr}, []string{"--ttl", "10s", "--lock-delay", "0s"}, 0)
 }
@@ -92,10 +94,8 @@ func TestShardCommandConsul(t *testing.T) {
 // SIGTERM instead of kill -9.
 func shardCommandCase(t *testing.T, store, session []string, ttl time.Duration) {
 	const n = 12
-	dir := t.TempDir()
-	t.Setenv("DIR", dir)
-	logPath := filepath.Join(dir, "log")
-	script := `ev() { echo "$1 $HOLDFAST_SHARD $HOLDFAST_TOKEN $PPID $$ $(date +%s%N)" >> "$DIR/log"; }; ev start; trap 'ev stop; exit 0' TERM; while :; do sleep 0.02; done`
+	logPath := filepath.Join(t.TempDir(), "log")
+	script := `ev() { echo "$1 $HOLDFAST_SHARD $HOLDFAST_TOKEN $PPID $$ $(date +%s%N)" >> '` + logPath + `'; }; ev start; trap 'ev stop; exit 0' TERM; while :; do sleep 0.02; done`
 	args := append(append([]string{"shard", "--shards", strconv.Itoa(n), "--kill-grace", "2s"}, append(store, session...)...), "shard-cmd/group", "--", "sh", "-c", script)
 	var procs []*proc
 	for range 3 {

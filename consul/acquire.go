@@ -122,6 +122,11 @@ func (s *Session) settle(ctx context.Context, j joiner, free func()) {
 	}
 }
 
+// sweepDelays are when, after a failed acquisition whose write had an
+// unknown outcome, the session looks again for what it left (see
+// Session.sweepLater).
+var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
+
 // failed is the error of a failed acquisition: the session's cause if the
 // session ended, else the caller's context error if it ended the call (ctx
 // is the caller's, wctx the one the acquisition ran under, which ends with

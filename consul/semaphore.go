@@ -82,17 +82,15 @@ func (m *Semaphore) Limit() int { return m.p.limit }
 // later (while no call of its own uses the name) and removes a request of
 // ours that landed late. An error wraps holdfast.ErrConflict if the
 // name is not this semaphore's (see Semaphore).
-func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
+func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, false, false, &m.reentry)
+}
 
 // TryLock takes a permit only if one is free and no holdfast contender
 // waits, with one read and one transaction; otherwise it returns an error
 // wrapping holdfast.ErrLocked after the read, having written nothing.
-func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
-
-// lock is Lock and TryLock: a reentrant hold if the option allows one,
-// after the checks of the arguments and the session (etcd's order).
-func (m *Semaphore) lock(ctx context.Context, try bool) (*Grant, error) {
-	return m.p.acquire(ctx, false, try, &m.reentry)
+func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) {
+	return m.p.acquire(ctx, false, true, &m.reentry)
 }
 
 // noReentry refuses holdfast.WithReentrant, which read-write locks do not

@@ -175,3 +175,56 @@ func TestRepairTailDropsDead(t *testing.T) {
 		return slices.Equal(keys(t, admin, name), []string{LockKey(name)})
 	})
 }
+
+// TestTailLockDelayed: S held the tail key (it queued last) when its
+// session ended, so Consul applies S's lock-delay (1 s) to the tail key as
+// it deletes it; X comes within that delay. X still queues up or takes the
+// lock (the tail key is then written plain), and once X unlocks nothing is
+// left. Without the plain write, X's queue-up was refused (Lock failed, its
+// session taken for ended) and a free lock looked lock-delayed to TryLock.
+func TestTailLockDelayed(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	for _, try := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lock", true: "trylock"}[try], func(t *testing.T) {
+			t.Parallel()
+			name := uniqueName(t)
+			px, sc := proxied(t, a)
+			ss := newSession(t, sc, WithLockDelay(time.Second))
+			t.Cleanup(px.Mend) // before ss.Close
+			s := newMutex(t, ss, name)
+			var release func()
+			if try {
+				// S waits behind a native holder: only the tail key is S's.
+				release = foreignHolder(t, admin, name)
+				queueUp(t, admin, s, timeout(t, 30*time.Second))
+			} else if _, err := s.Lock(timeout(t, 5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			px.Pause()
+			destroy(t, admin, ss.ID())
+			if release != nil {
+				release()
+				if _, err := admin.KV().Delete(LockKey(name), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			x := newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name)
+			var g *Grant
+			var err error
+			if try {
+				g, err = x.TryLock(timeout(t, 5*time.Second))
+			} else {
+				g, err = x.Lock(timeout(t, 5*time.Second))
+			}
+			if err != nil {
+				t.Fatalf("X within S's lock-delay on the tail key: %v", err)
+			}
+			if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, expiredBound, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+		})
+	}
+}

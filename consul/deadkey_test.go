@@ -26,8 +26,8 @@ func TestDeadRWLockKey(t *testing.T) {
 			t.Parallel()
 			name := uniqueName(t)
 			px, sc := proxied(t, a)
-			t.Cleanup(px.Mend)
 			hs := newSession(t, sc, WithLockDelay(0))
+			t.Cleanup(px.Mend) // before hs closes
 			rw := newRWMutex(t, hs, name)
 			hold := rw.RLock
 			if c.holder == "writer" {

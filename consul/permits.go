@@ -153,15 +153,21 @@ type pview struct {
 	dead    []*api.KVPair // contender keys without a session
 	err     error         // why we must not use the name (ErrConflict)
 	foreign bool          // a foreign contender (api.Semaphore) has a live key
+	index   uint64        // the highest ModifyIndex read (of a fresh view)
 }
 
 // parse builds a view from a transaction's results that include a read of
 // the subtree "<name>/" (the last answer about a key is the latest).
-func (p *permits) parse(results []*api.TxnResult) pview {
+func (p *permits) parse(results []*api.TxnResult) pview { return p.parseKVs(latest(results)) }
+
+// parseKVs builds a view from the keys of the subtree "<name>/", read at
+// once.
+func (p *permits) parseKVs(kvs []*api.KVPair) pview {
 	v := pview{fresh: true}
-	live := make(map[string]bool, len(results))
+	live := make(map[string]bool, len(kvs))
 	var keys []*api.KVPair
-	for _, e := range latest(results) { // 1. the keys: the lock key, contenders
+	for _, e := range kvs { // 1. the keys: the lock key, contenders
+		v.index = max(v.index, e.ModifyIndex)
 		if e.Session != "" {
 			live[e.Session] = true // api.Semaphore's rule for a live holder
 		}

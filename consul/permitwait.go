@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -211,86 +211,100 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 	}
 }
 
+// handoffPatience is how long the head of the queue first waits on its own
+// key, when every holdfast release hands a permit to it, before it also
+// watches for a holder's key gone with its session (the whole subtree,
+// woken by every join too): a dead holder's permit is free within it.
+const handoffPatience = 250 * time.Millisecond
+
 // waitOnce is one wait of our key, queued in v. It reports whether we got
 // in; if not, the caller reads again.
 func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, bool, error) {
 	ahead := v.ahead()
-	switch {
-	case len(ahead) == 0:
-		return a.atHead(ctx, v) // 4. the head admits itself
-	case !v.foreign:
-		// 3. Holdfast waiters are ahead of us: the write that admits the
-		// last of them admits us too if we fit, or passes the permit on to
-		// us after it (passOn: it may have been computed before we joined);
-		// after it, every holdfast release that frees a permit hands it to
-		// us, marking our key.
-		return a.awaitHandoff(ctx, v.me)
+	if len(ahead) == 0 { // 4. the head admits itself
+		return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 	}
-	return a.behindForeign(ctx, v, ahead[len(ahead)-1]) // 4. foreign contenders about
+	return a.behind(ctx, v, ahead[len(ahead)-1]) // 3. holdfast waiters are ahead of us
 }
 
-// behindForeign is the wait of a waiter while foreign contenders are about
-// (whose releases hand nothing over): wait for the waiter just ahead of us,
-// pred, to change: admitted (its key is marked held by the write that
-// admitted it), gone, or dead; admitted alone, it leaves us at the head.
-func (a *pacq) behindForeign(ctx context.Context, v pview, pred contender) (uint64, bool, error) {
-	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, 0)
+// behind is the wait of a waiter behind others: the write that admits us
+// admits the waiter just ahead of us, pred, too (admissions go in queue
+// order), so we wait for pred's key to change (at most blockWait): admitted
+// with us (marked held+next by that write, whose index is our token too),
+// admitted alone (we are the head now, and that write came after we joined:
+// every holdfast release hands to us), gone, or dead. It reports whether
+// we got in; if not, the caller reads again.
+func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, bool, error) {
+	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, blockWait)
 	if err != nil || next == nil || next.Session != pred.session || next.ModifyIndex <= pred.index {
 		return 0, false, err
 	}
 	switch string(next.Value) {
-	case valHeldNext: // admitted with us: our token is that write's
+	case valHeldNext:
 		return next.ModifyIndex, true, nil
-	case valHeld: // we are the head now: wait on the lock key
-	default:
-		return 0, false, nil
-	}
-	lock, err := a.p.s.watchKey(ctx, a.p.lockKey, next.ModifyIndex, blockWait)
-	if err != nil || lock == nil {
-		return 0, false, err
-	}
-	v.lock, v.fresh = lock, false
-	v.waiters = slices.DeleteFunc(v.waiters, func(w contender) bool { return w.create < v.me.CreateIndex })
-	return a.atHead(ctx, v)
-}
-
-// atHead is the head of the queue's wait: while the lock key has no room
-// for us, wait for it to change (at most blockWait, then a read prunes dead
-// holders), and admit us (with the waiters behind us that fit) once it has.
-// It reports whether we got in; if not, the caller reads again.
-func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
-	for {
-		token, got, full, err := a.tryHead(ctx, v)
-		if err != nil || got || !full || v.lock == nil {
+	case valHeld:
+		if !v.foreign {
+			token, got, _, err := a.awaitHandoff(ctx, v.me, handoffPatience)
 			return token, got, err
 		}
-		if v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign {
-			return a.awaitHandoff(ctx, v.me)
+	}
+	return 0, false, nil
+}
+
+// atHead is the head of the queue's wait: while there is no room for us,
+// wait for the subtree to change, as api.Semaphore's waiter does (a release
+// admitting us, a holder's key gone or freed with its session, a foreign
+// contender's write), and admit us (with the waiters behind us that fit)
+// once there is. If patient (every holdfast release hands to us), it first
+// waits on our own key alone for handoffPatience. It reports whether we got
+// in; if not (no change within blockWait, or a change the caller sees to),
+// the caller reads again.
+func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, bool, error) {
+	p := a.p
+	for {
+		token, got, full, err := a.tryHead(ctx, v)
+		if err != nil || got || !full {
+			return token, got, err
 		}
-		lock, err := a.p.s.watchKey(ctx, a.p.lockKey, v.lock.ModifyIndex, blockWait)
-		if err != nil || lock == nil {
+		if patient {
+			patient = false
+			token, got, changed, err := a.awaitHandoff(ctx, v.me, handoffPatience)
+			if err != nil || got || changed {
+				return token, got, err
+			}
+		}
+		pairs, index, err := p.s.watchTree(ctx, p.prefix, v.index, blockWait)
+		if err != nil || pairs == nil {
 			return 0, false, err
 		}
-		v.lock, v.fresh = lock, false
+		v = p.parseKVs(pairs)
+		v.index = index
+		if len(v.dead) > 0 {
+			p.s.dropDead(ctx, v.dead)
+		}
+		switch {
+		case v.admitted(p):
+			return v.me.ModifyIndex, true, nil
+		case v.err != nil || !v.waiting(p) || len(v.ahead()) > 0:
+			return 0, false, nil
+		}
 	}
 }
 
-// awaitHandoff is the wait of a waiter once every holdfast release that
-// frees a permit is known to hand it to us (the lock key was written after
-// we joined, and no foreign contender is about, whose release would not):
-// it watches our own key, which the handoff marks held with the token as
-// its index. It reports whether we got in; if not (no change within
-// blockWait, so that dead holders are pruned, or another change), the
-// caller reads again.
-func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair) (uint64, bool, error) {
-	pair, err := a.p.s.watchKey(ctx, a.p.myKey, me.ModifyIndex, blockWait)
-	if err != nil || pair == nil || pair.Session != a.p.s.id {
-		return 0, false, err
+// awaitHandoff watches our own key, which a holdfast release that admits
+// us marks held with the token as its index, for at most bound. It reports
+// whether we got in, and whether our key changed otherwise.
+func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair, bound time.Duration) (token uint64, got, changed bool, err error) {
+	pair, err := a.p.s.watchKey(ctx, a.p.myKey, me.ModifyIndex, bound)
+	switch {
+	case err != nil:
+		return 0, false, false, err
+	case pair == nil:
+		return 0, false, false, nil
+	case pair.Session == a.p.s.id && (string(pair.Value) == valHeld || string(pair.Value) == valHeldNext):
+		return pair.ModifyIndex, true, true, nil
 	}
-	if v := string(pair.Value); v == valHeld || v == valHeldNext {
-		return pair.ModifyIndex, true, nil
-	}
-	return 0, false, nil
+	return 0, false, true, nil
 }
 
 // tryHead admits us, at the head of the queue, if the lock key v.lock has

@@ -17,10 +17,13 @@ import (
 )
 
 const (
-	// delayRetry is how often the head of the queue retries while a
-	// lock-delay of unknown end is in effect, or once the expected end has
-	// passed.
-	delayRetry = 25 * time.Millisecond
+	// delayRetry and delayRetryMax bound the pauses of the head of the
+	// queue between its retries while a lock-delay of unknown end is in
+	// effect, or once the expected end has passed: they double from
+	// delayRetry to delayRetryMax (before, every 25 ms: about 600
+	// requests over a 15 s lock-delay).
+	delayRetry    = 25 * time.Millisecond
+	delayRetryMax = 500 * time.Millisecond
 	// maxDropDead bounds how many stale queue entries one request removes.
 	maxDropDead = 64
 	// linkWait bounds how long a release waits for a waiter that queued
@@ -161,11 +164,16 @@ type acquisition struct {
 
 	// Lock-delay bookkeeping: the session last seen holding the lock key
 	// (or our predecessor's, which may hold it next), its lock-delay (if
-	// known), and when the delay that follows its release should be over.
+	// known), and when the delay that follows its release should be over;
+	// guess says that this end is our predecessor's delay, which applies
+	// only if it held the lock last (see delayLeft). pause is the next
+	// pause between retries of an unknown end.
 	holder    string
 	delay     time.Duration
 	known     bool
 	notBefore time.Time
+	guess     bool
+	pause     time.Duration
 }
 
 // taking is what differs between the acquisitions that wait in the queue:
@@ -352,7 +360,7 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 			case v.anchor == nil || v.anchor.Session != a.pred.session:
 				// Our predecessor left, or its session ended (then it may
 				// have held the lock: its lock-delay applies from now).
-				a.notBefore = time.Time{}
+				a.notBefore, a.guess, a.pause = time.Time{}, false, 0
 				if v.anchor != nil && a.known && a.holder == a.pred.session {
 					a.notBefore = time.Now().Add(a.delay)
 				}
@@ -380,9 +388,9 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 		case out == delayed:
 			if a.notBefore.IsZero() && a.known {
 				// Our predecessor's anchor was deleted, not freed (Behavior
-				// delete): it died, or it left and another holder did. The
-				// delay started at most now.
-				a.notBefore = time.Now().Add(a.delay)
+				// delete): it died, or it left and another holder did. If it
+				// held the lock last, its delay started at most now.
+				a.notBefore, a.guess = time.Now().Add(a.delay), true
 			}
 			if !sleep(ctx, a.delayLeft()) {
 				return 0, ctx.Err()
@@ -508,7 +516,7 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 		return nil, err
 	}
 	if free(next) {
-		a.notBefore = time.Time{}
+		a.notBefore, a.guess, a.pause = time.Time{}, false, 0
 		if a.known {
 			a.notBefore = time.Now().Add(a.delay)
 		}
@@ -516,13 +524,26 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 	return next, nil
 }
 
-// delayLeft is how long to wait after a lock-delay refusal: until the
-// expected end of the delay, or delayRetry when that is unknown or past.
+// delayLeft is how long to wait after a lock-delay refusal: until the end
+// of the delay of the holder we saw release the lock (see waitRelease);
+// else, or once that end has passed, a pause that doubles from delayRetry
+// to delayRetryMax (a bounded rate of retries), shortened to end at our
+// predecessor's delay's end if that is a guess still ahead. A guess is not
+// waited out whole: the session that held the lock last may be another
+// one, with a shorter delay (before, a waiter woken by a predecessor that
+// never held waited out that predecessor's 15 s instead of the holder's
+// 1 s: TestWokenWaiterHolderDelay).
 func (a *acquisition) delayLeft() time.Duration {
-	if d := time.Until(a.notBefore); d > 0 {
+	d := time.Until(a.notBefore)
+	if d > 0 && !a.guess {
 		return min(d, MaxLockDelay)
 	}
-	return delayRetry
+	p := max(a.pause, delayRetry)
+	a.pause = min(2*p, delayRetryMax)
+	if d > 0 {
+		p = min(p, d)
+	}
+	return p
 }
 
 // take tries to acquire the lock key in one transaction guarded by the key

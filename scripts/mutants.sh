@@ -66,6 +66,7 @@ cmd/term-grace|./cmd/holdfast/|TestShortPause
 cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
+cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate

@@ -308,6 +308,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		}
 		var g holdfast.Grant
 		began := time.Now()
+		answered := r.probeLate(actx, s, name)
 		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 			if r.verbose {
 				pctx, cancel := context.WithCancel(wctx)
@@ -322,7 +323,8 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
-			if r.try {
+			if r.try || !answered() {
+				s.silent = true // its close is not waited for: --timeout bounds it all
 				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 			} else {
 				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
@@ -365,6 +367,44 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		return exitError{128 + int(got.(syscall.Signal)), fmt.Errorf("%s: stopped waiting: got %v", name, got)}
 	}
 	return explain(err, name, sf.describe())
+}
+
+// lateProbe is how long before a bounded attempt's end probeLate asks
+// the store (at most a quarter of the bound).
+const lateProbe = 200 * time.Millisecond
+
+// probeLate, for an attempt bounded by actx's deadline (--timeout, not
+// --try), reads name from the store through s lateProbe before that
+// deadline, bounded by lateProbe, while the attempt still waits. The
+// returned function reports whether the store answered: a wait that runs
+// out with the store silent is its failure (125), not a lock held too
+// long (124), whenever the store went silent. Without a bound, it reports
+// true.
+func (r runner) probeLate(actx context.Context, s *session, name string) (answered func() bool) {
+	dl, ok := actx.Deadline()
+	if !ok || r.try {
+		return func() bool { return true }
+	}
+	window := min(lateProbe, r.bound/4)
+	res := make(chan bool, 1)
+	t := time.AfterFunc(time.Until(dl)-window, func() {
+		pctx, cancel := context.WithTimeout(context.Background(), window)
+		defer cancel()
+		res <- s.ping(pctx, name) == nil
+	})
+	return func() bool {
+		if !t.Stop() { // the probe began: it ends with the bound
+			w := time.NewTimer(window)
+			defer w.Stop()
+			select {
+			case ok := <-res:
+				return ok
+			case <-w.C:
+				return false
+			}
+		}
+		return true // the attempt ended before the probe was due
+	}
 }
 
 // waitFor runs fn under a context that a stop signal (see stopSignals)
@@ -631,13 +671,17 @@ const lostCloseTimeout = 500 * time.Millisecond
 // release the store did not answer, it waits at most lostCloseTimeout for
 // the store, leaving the rest to the store's expiry.
 func closeSession(s *session, lost bool) {
-	if !lost && s.Err() == nil && !s.unanswered {
+	if !lost && s.Err() == nil && !s.unanswered && !s.silent {
 		s.Close()
 		return
 	}
 	closed := make(chan struct{})
 	go func() { defer close(closed); s.Close() }()
-	t := time.NewTimer(lostCloseTimeout)
+	wait := lostCloseTimeout
+	if s.silent {
+		wait = 0 // --timeout is the bound: the revoke goes out, unwaited for
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-closed:

@@ -13,6 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/holdfast/holdfast"
 	hfconsul "github.com/holdfast/holdfast/consul"
 	hfetcd "github.com/holdfast/holdfast/etcd"
@@ -95,6 +98,9 @@ type session struct {
 	consul  *hfconsul.Session
 	// unanswered: a release was not answered in time (the store is
 	// silent), so the close is bounded as after a loss (closeSession).
+	// silent: the store did not answer within --timeout: the close is not
+	// waited for at all (the store expires the session).
+	silent     bool
 	unanswered bool
 }
 
@@ -271,6 +277,17 @@ func (s *session) Err() error {
 		return s.etcd.Err()
 	}
 	return s.consul.Err()
+}
+
+// ping reads name from the store (its count only): nil if the store
+// answered within ctx.
+func (s *session) ping(ctx context.Context, name string) error {
+	if s.etcd != nil {
+		_, err := s.etcd.Client().Get(ctx, name, clientv3.WithCountOnly())
+		return err
+	}
+	_, _, err := s.consul.Client().KV().Get(name, (&api.QueryOptions{}).WithContext(ctx))
+	return err
 }
 
 // TTL is the session's TTL.

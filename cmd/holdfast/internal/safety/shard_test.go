@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// shardDuration is how long each short shard scenario runs: 4 s, or
+// shardDuration is how long each short shard scenario runs: 3 s, or
 // HOLDFAST_SAFETY_DURATION if set ("holdfast soak --primitive shard" runs
 // it for as long as asked).
 func shardDuration(t *testing.T) time.Duration {
 	if os.Getenv("HOLDFAST_SAFETY_DURATION") != "" {
 		return duration(t)
 	}
-	return 4 * time.Second
+	return 3 * time.Second
 }
 
 // TestShardUnderFaults runs the shard scenario briefly on both stores,

@@ -1,0 +1,98 @@
+package consul
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// permitLocker is a Semaphore's or an RWMutex's Lock (RLock: shared).
+type permitLocker func(ctx context.Context) (*Grant, error)
+
+// cutOff starts a permit holder on a session reached through a proxy; kill
+// cuts it off and ends its session (a SIGKILLed holder whose session
+// Consul has just invalidated). Lock-delay 0: a permit has no lock-delay to
+// wait out anyway.
+func cutOff(t *testing.T, lock func(*Session) permitLocker) (kill func()) {
+	t.Helper()
+	a := agent(t)
+	px, c := proxied(t, a)
+	s := newSession(t, c, WithLockDelay(0))
+	t.Cleanup(px.Mend) // before the session's Close
+	if _, err := lock(s)(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	return func() { px.Pause(); destroy(t, a.Client(t), s.ID()) }
+}
+
+// lockLater starts lock on a fresh session; the channel gets its grant (nil
+// if it failed), released when the test ends.
+func lockLater(t *testing.T, lock permitLocker) <-chan *Grant {
+	ch := make(chan *Grant, 1)
+	go func() {
+		g, err := lock(timeout(t, 20*time.Second))
+		if err != nil {
+			ch <- nil
+			return
+		}
+		t.Cleanup(func() { _ = g.Unlock(timeout(t, 2*time.Second)) })
+		ch <- g
+	}()
+	return ch
+}
+
+// TestPermitWaiterWokenByDeadHolder: a waiter of a Semaphore or an RWMutex
+// is admitted within 1 s (lock-delay 0 + 1 s, issue 25's bound) of its
+// holder's session ending, as api.Semaphore's waiter is (it watches the
+// name's tree), also when the waiter got to the head of the queue
+// unnoticed (the waiter ahead of it admitted, then dead). Before: it
+// waited for the 5 s re-read (admitted 2.7-4.9 s after).
+func TestPermitWaiterWokenByDeadHolder(t *testing.T) {
+	a := agent(t)
+	var name string // each subtest's
+	sem := func(s *Session) permitLocker {
+		m, err := NewSemaphore(s, name, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Lock
+	}
+	writer := func(s *Session) permitLocker { m, _ := NewRWMutex(s, name); return m.Lock }
+	reader := func(s *Session) permitLocker { m, _ := NewRWMutex(s, name); return m.RLock }
+	fresh := func() *Session { return newSession(t, a.Client(t), WithLockDelay(0)) }
+	admitted := func(t *testing.T, ch <-chan *Grant, ended time.Time, what string) {
+		t.Helper()
+		granted(t, ch, time.Second, what)
+		t.Logf("%s admitted %v after the holder's session ended", what, time.Since(ended).Round(time.Millisecond))
+	}
+	for _, c := range []struct {
+		name           string
+		holder, waiter func(*Session) permitLocker
+	}{{"semaphore", sem, sem}, {"rw", writer, reader}} {
+		t.Run(c.name, func(t *testing.T) {
+			name = uniqueName(t)
+			kill := cutOff(t, c.holder)
+			w := lockLater(t, c.waiter(fresh()))
+			time.Sleep(300 * time.Millisecond)
+			kill()
+			admitted(t, w, time.Now(), "the waiter")
+		})
+	}
+	t.Run("chain", func(t *testing.T) {
+		name = uniqueName(t)
+		kill := cutOff(t, sem)
+		px, pc := proxied(t, a)
+		s1 := newSession(t, pc, WithLockDelay(0))
+		t.Cleanup(px.Mend)
+		w1 := lockLater(t, sem(s1))
+		time.Sleep(200 * time.Millisecond)
+		w2 := lockLater(t, sem(fresh()))
+		time.Sleep(300 * time.Millisecond)
+		kill()
+		admitted(t, w1, time.Now(), "the first waiter")
+		time.Sleep(300 * time.Millisecond)
+		px.Pause()
+		destroy(t, a.Client(t), s1.ID())
+		admitted(t, w2, time.Now(), "the second waiter")
+	})
+}

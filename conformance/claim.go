@@ -290,21 +290,24 @@ func testClaimAtMost(s *suite) {
 	}
 }
 
-// claimTicks is how many periods testClaimTicks runs: the two before the
-// crash (period 2), the crash's, and those until the first period that
-// starts after the crashed claim's AtMost + ClaimFree, counted from the
-// crash, which comes up to the claimers' skew (AtLeast/2) and a claim's
-// round trip (1 s allowed) after its period starts: 5 periods with the
-// default schedule and etcd's ClaimFree (2.5 s), 8 with Consul's.
+// claimCrash is the period whose winner crashes in testClaimTicks.
+const claimCrash = 1
+
+// claimTicks is how many periods testClaimTicks runs: the one before the
+// crash, the crash's, and those until the first period that starts after
+// the crashed claim's AtMost + ClaimFree, counted from the crash, which
+// comes up to the claimers' skew (AtLeast/2) and a claim's round trip (1 s
+// allowed) after its period starts: 4 periods with the default schedule
+// and etcd's ClaimFree (2.5 s), 7 with Consul's.
 func claimTicks(sched holdfast.Schedule, claimFree time.Duration) int {
 	after := sched.AtMost + claimFree + sched.AtLeast/2 + time.Second
-	return 3 + int((after+sched.Every-1)/sched.Every)
+	return claimCrash + 1 + int((after+sched.Every-1)/sched.Every)
 }
 
 // testClaimTicks: 5 claimers fire at every period for claimTicks periods,
 // each late by its own offset (its clock or scheduler lags by up to
 // AtLeast/2, the tolerated skew); the winner runs 100 ms and releases,
-// except in period 2 where it crashes (is cut off from the store, and
+// except in period 1 (claimCrash) where it crashes (is cut off from the store, and
 // claims no more). Each period has at most one run; each period that
 // starts after the crashed claim's AtMost + ClaimFree (at least the last),
 // and every period before the crash, has exactly one.
@@ -344,7 +347,7 @@ func testClaimTicks(s *suite) {
 				s.track(g)
 				mu.Lock()
 				runs[k]++
-				crash := k == 2
+				crash := k == claimCrash
 				if crash {
 					crashed = time.Now()
 				}
@@ -364,7 +367,7 @@ func testClaimTicks(s *suite) {
 	errs.report(s.t)
 	for k := range ticks {
 		p := first.Add(time.Duration(k) * sched.Every)
-		free := k < 2 || (!crashed.IsZero() && p.After(crashed.Add(sched.AtMost+s.b.ClaimFree)))
+		free := k < claimCrash || (!crashed.IsZero() && p.After(crashed.Add(sched.AtMost+s.b.ClaimFree)))
 		switch n := runs[k]; {
 		case n > 1:
 			s.t.Errorf("period %d (%v): %d runs, want at most 1", k, p, n)
@@ -372,5 +375,5 @@ func testClaimTicks(s *suite) {
 			s.t.Errorf("period %d (%v): no run, though no claim could block it", k, p)
 		}
 	}
-	s.t.Logf("runs per period: %v (5 claimers, skew up to %v, crash in period 2, %d periods)", fmt.Sprint(runs), skew, ticks)
+	s.t.Logf("runs per period: %v (5 claimers, skew up to %v, crash in period %d, %d periods)", fmt.Sprint(runs), skew, claimCrash, ticks)
 }

@@ -111,7 +111,7 @@
 //     a claimant cut off while holding is told (its context ends) before
 //     anyone else can claim, and the claim is free by AtMost + ClaimFree;
 //     ClaimTicks, 5 claimants with offsets up to AtLeast/2, one crashing in
-//     the third period, until a period starts past the crashed claim's
+//     the second period, until a period starts past the crashed claim's
 //     AtMost + ClaimFree: at most one run per period, exactly one where
 //     nothing could block it.
 //   - Multi-name lock (Backend.NewMultiLocker, a [MultiLocker]):

@@ -136,3 +136,39 @@ func TestShortPause(t *testing.T) {
 		})
 	}
 }
+
+// TestStallLoop: elect --loop whose CMD the guard stopped for a stall
+// (holdfast paused 1.2 s at TTL 2 s, resumed before the deadline, so its
+// session lives on) campaigns again with a new session and reruns CMD
+// under a new term, instead of campaigning through the session that still
+// holds the old leadership.
+func TestStallLoop(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	terms := filepath.Join(t.TempDir(), "terms")
+	p := start(t, "elect", "--endpoints", e.Endpoints()[0], "--ttl", "2s", "--loop", "stall/loop", "--value", "v", "--",
+		"sh", "-c", `echo "$HOLDFAST_TOKEN" >> "$1"; exec sleep 30`, "sh", terms)
+	read := func() []string { b, _ := os.ReadFile(terms); return strings.Fields(string(b)) }
+	eventually(t, 10*time.Second, "CMD did not start", func() bool { return len(read()) == 1 })
+	time.Sleep(800 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "CMD was not run again", func() bool { return len(read()) == 2 })
+	got := read()
+	t.Logf("terms %v; stderr: %q", got, p.stderr.String())
+	if got[0] == got[1] || !strings.Contains(p.stderr.String(), "campaigning again") {
+		t.Errorf("terms %v: want CMD rerun under a new term after the guard's stop; stderr: %s", got, p.stderr.String())
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t, 10*time.Second)
+	if keys := keysUnder(t, e.Client(t), "stall/loop/"); len(keys) != 0 {
+		t.Errorf("keys %v left", keys)
+	}
+}

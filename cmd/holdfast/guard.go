@@ -33,7 +33,9 @@ import (
 //     Holdfast feeds it, every feedEvery, the grant's deadline on the
 //     system's monotonic clock (CLOCK_MONOTONIC, the same in both
 //     processes: the deadline the grant's context ends at, computed from
-//     when the last acknowledged renewal was sent). The guard acts on the
+//     when the last acknowledged renewal was sent); it is started before
+//     CMD with the deadline of that moment, so it has one whatever
+//     happens to holdfast next. The guard acts on the
 //     deadline alone, so the same rule holds whether holdfast is alive
 //     with the store silent (the deadline it feeds stops moving) or
 //     cannot run (the feed stops): it sends CMD's process group SIGTERM
@@ -55,8 +57,11 @@ import (
 // and an "fg" before it resumes both.
 
 // guardEnv names the environment variable that makes this binary a guard:
-// its value is "PGID,GRACE": the process group to stop and --kill-grace in
-// nanoseconds.
+// its value is "GRACE,DEADLINE": --kill-grace in nanoseconds and the
+// grant's deadline as CMD starts (CLOCK_MONOTONIC ns, as msgDeadline). The
+// guard is started before CMD, so that it knows a deadline before CMD
+// runs, whatever happens to holdfast; holdfast tells it CMD's process
+// group (msgGroup) as soon as CMD has started.
 const guardEnv = "HOLDFAST_INTERNAL_GUARD_PGID"
 
 const (
@@ -84,6 +89,7 @@ const (
 	msgDeadline  = 'D' // the grant's safe deadline, CLOCK_MONOTONIC ns
 	msgStandDown = 'S' // CMD exited: exit without killing
 	msgJobStop   = 'Z' // holdfast stops with CMD (job control) until the next deadline
+	msgGroup     = 'P' // CMD's process group
 )
 
 // What the guard did, one byte each on its second pipe to holdfast.
@@ -114,10 +120,17 @@ func monoNow() int64 {
 // before), or at once when the pipe ends without a stand-down.
 func guardMain(arg string) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
-	var id int
 	var grace time.Duration
-	if _, err := fmt.Sscanf(arg, "%d,%d", &id, &grace); err != nil || id <= 1 || grace < 0 {
+	var deadline int64 // CLOCK_MONOTONIC ns
+	if _, err := fmt.Sscanf(arg, "%d,%d", &grace, &deadline); err != nil || grace < 0 || deadline <= 0 {
 		return 2
+	}
+	// id is CMD's process group once holdfast has said it (msgGroup); until
+	// then (holdfast stopped as CMD started), the guard stops the process
+	// groups led by holdfast's children in its session: CMDs, not guards.
+	id, parent := 0, os.Getppid()
+	if mutant.On("cmd/guard-first-deadline") {
+		deadline = 0
 	}
 	msgs := make(chan [9]byte)
 	go func() {
@@ -132,14 +145,23 @@ func guardMain(arg string) int {
 		}
 	}()
 	report := os.NewFile(4, "holdfast-guard-report")
+	signalCmd := func(sig syscall.Signal) {
+		if id != 0 {
+			_ = syscall.Kill(-id, sig)
+			return
+		}
+		for _, pg := range childGroups(parent) {
+			_ = syscall.Kill(-pg, sig)
+		}
+	}
 	act := func(a byte, sig syscall.Signal) {
 		_, _ = report.Write([]byte{a}) // first: holdfast must know the stop is ours before it sees CMD's end
-		_ = syscall.Kill(-id, sig)
+		signalCmd(sig)
 	}
 	say := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "holdfast: guard: "+format+"\n", args...)
 	}
-	var deadline, fed int64 // CLOCK_MONOTONIC ns; deadline 0: none yet
+	fed := monoNow() // CLOCK_MONOTONIC ns, when holdfast last fed a deadline
 	// termed: SIGTERM was sent; the deadline no longer moves (CMD's grace
 	// ends where it was). jobStopped: holdfast stopped itself and CMD
 	// (Ctrl-Z): CMD does not run until "fg", so it is killed only at the
@@ -162,7 +184,7 @@ func guardMain(arg string) int {
 				say("the grant's deadline is %v away and no renewal moved it (holdfast last ran %v ago): SIGTERM to the command's process group (SIGKILL before the deadline)", left.Round(time.Millisecond), time.Duration(now-fed).Round(time.Millisecond))
 				termed = true
 				act(actTerm, syscall.SIGTERM)
-				_ = syscall.Kill(-id, syscall.SIGCONT) // a stopped command gets its grace too
+				signalCmd(syscall.SIGCONT) // a stopped command gets its grace too
 			}
 			if termed || jobStopped {
 				wake = left - killAhead
@@ -176,7 +198,9 @@ func guardMain(arg string) int {
 		case m, ok := <-msgs:
 			t.Stop()
 			if !ok { // holdfast died: nobody renews, nobody escalates
-				act(actKill, syscall.SIGKILL)
+				if id != 0 { // else CMD did not start, or the kernel kills it (Pdeathsig)
+					act(actKill, syscall.SIGKILL)
+				}
 				return 0
 			}
 			switch m[0] {
@@ -189,6 +213,8 @@ func guardMain(arg string) int {
 				}
 			case msgJobStop:
 				jobStopped = true
+			case msgGroup:
+				id = int(binary.BigEndian.Uint64(m[1:]))
 			}
 		case <-t.C:
 		}
@@ -221,17 +247,22 @@ func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, w
 	cmd.SysProcAttr.Setpgid = true
 	setParentDeathSignal(cmd.SysProcAttr)
 	err = jobCtl.start(m, func() (int, *guard, error) {
+		// The guard first, with the deadline as CMD starts: it knows one
+		// before CMD runs, whether or not holdfast runs again to feed it.
+		deadline := monoNow() + int64(time.Until(m.g.Deadline()))
+		g, warning = newGuard(grace, deadline)
 		onStarterThread(func() { err = cmd.Start() })
 		if err != nil {
+			g.standDown()
 			return 0, nil, err
 		}
-		g, warning = newGuard(cmd.Process.Pid, grace)
+		g.send(msgGroup, int64(cmd.Process.Pid))
 		return cmd.Process.Pid, g, nil
 	})
 	return g, warning, err
 }
 
-func newGuard(pgid int, grace time.Duration) (*guard, error) {
+func newGuard(grace time.Duration, deadline int64) (*guard, error) {
 	if mutant.On("cmd/kill-guard") {
 		return nil, nil
 	}
@@ -251,7 +282,7 @@ func newGuard(pgid int, grace time.Duration) (*guard, error) {
 	}
 	defer rw.Close()
 	p := exec.Command(exe)
-	p.Env = []string{guardEnv + "=" + strconv.Itoa(pgid) + "," + strconv.FormatInt(int64(grace), 10)}
+	p.Env = []string{guardEnv + "=" + strconv.FormatInt(int64(grace), 10) + "," + strconv.FormatInt(deadline, 10)}
 	if m, ok := os.LookupEnv("HOLDFAST_MUTANT"); ok { // a mutant build's guard removes the same guard
 		p.Env = append(p.Env, "HOLDFAST_MUTANT="+m)
 	}
@@ -287,6 +318,9 @@ func (g *guard) actions() <-chan byte {
 }
 
 func (g *guard) send(op byte, v int64) {
+	if g == nil {
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch op {

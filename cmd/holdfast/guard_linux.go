@@ -114,3 +114,33 @@ func groupAlive(pgid int) bool {
 	}
 	return false
 }
+
+// childGroups lists the process groups led by a child of parent in its
+// session (the CMDs holdfast started; a guard leads its own session).
+func childGroups(parent int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:]) // state, ppid, pgrp, session...
+		if len(f) > 3 && f[1] == strconv.Itoa(parent) && f[2] == e.Name() && f[3] != e.Name() && pid != os.Getpid() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

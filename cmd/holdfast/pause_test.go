@@ -199,3 +199,39 @@ func TestFrozenStoreExit(t *testing.T) {
 		})
 	}
 }
+
+// TestGuardFirstDeadline: CMD stops holdfast (SIGSTOP) as soon as it
+// starts, before holdfast's first feed of the guard, and ignores SIGTERM:
+// the guard knows the grant's deadline from its start and kills CMD
+// before the next holder's grant. Before, the guard had no deadline until
+// the first feed, so CMD wrote on for the whole stop (5 s past the next
+// holder's grant in the breaker's run).
+func TestGuardFirstDeadline(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	dir := t.TempDir()
+	beats, granted := filepath.Join(dir, "beats"), filepath.Join(dir, "granted")
+	const ttl = 2 * time.Second
+	flags := []string{"--endpoints", e.Endpoints()[0], "--ttl", ttl.String()}
+	p := start(t, append(append([]string{"lock", "--kill-grace", "500ms"}, flags...), "first-deadline", "--", "sh", "-c", `kill -STOP $PPID; trap "" TERM; `+heartbeat, "sh", beats)...)
+	eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
+	stopped := time.Now()
+	next := start(t, append(append([]string{"lock"}, flags...), "first-deadline", "--", "sh", "-c", `date +%s%N > "$1"`, "sh", granted)...)
+	if next.wait(t, 3*ttl+5*time.Second) != 0 {
+		t.Fatalf("the next holder failed: %s", next.stderr.String())
+	}
+	time.Sleep(time.Second)
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(t, 10*time.Second)
+	last, _ := lastStamp(t, beats)
+	got, _ := lastStamp(t, granted)
+	t.Logf("CMD's last write %v after its first, next holder's grant %v: %v apart; exit %d", last.Sub(stopped).Round(time.Millisecond), got.Sub(stopped).Round(time.Millisecond), got.Sub(last).Round(time.Millisecond), code)
+	if !last.Before(got) {
+		t.Errorf("CMD wrote %v after the next holder was granted\nholder's stderr: %s", last.Sub(got), p.stderr.String())
+	}
+	if code != exitLost {
+		t.Errorf("exit %d, want %d; stderr: %s", code, exitLost, p.stderr.String())
+	}
+}

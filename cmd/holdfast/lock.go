@@ -91,7 +91,9 @@ and SIGUSR2 sent to holdfast are passed on to that group; holdfast releases
 the lock once CMD exits, and once what CMD left running in its group (a
 command run with &) is gone: that gets SIGTERM, then SIGKILL after the
 kill grace (a process that left the group, setsid or a daemon, is not
-reached). While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
+reached). SIGINT, SIGTERM, SIGHUP and SIGQUIT are followed by SIGCONT (a
+stopped CMD gets them) and, if CMD has not exited after --kill-grace, by
+SIGKILL. While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
 SIGQUIT stop the wait (nothing is left in the store) and holdfast exits
 128+signal.
 
@@ -153,7 +155,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	vis := addVisibilityFlags(fs)
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
 	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
-	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL; never past the grant's deadline, and at most TTL/5 when the store confirms no renewal (see above)")
+	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost (or a stop signal was passed on), how long CMD has between SIGTERM and SIGKILL; never past the grant's deadline, and at most TTL/5 when the store confirms no renewal (see above)")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	var also nameList
@@ -588,9 +590,21 @@ wait:
 			}
 		case sig := <-p.sigs:
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+			if isStop(sig) && !mutant.On("cmd/signal-escalation") {
+				// A request to stop: a stopped CMD gets it too, and
+				// SIGKILL follows after the grace, so that a CMD stopped
+				// or deaf to it does not hold the grant for ever.
+				_ = syscall.Kill(-pgid, syscall.SIGCONT)
+				if kill == nil {
+					t := time.NewTimer(p.grace)
+					defer t.Stop()
+					kill = t.C
+				}
+			}
 		case <-stop: // our caller gave up (in-process use): as a SIGTERM
 			stop = nil
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			_ = syscall.Kill(-pgid, syscall.SIGCONT)
 		case <-lost:
 			lost = nil
 			cause := context.Cause(g.Context())

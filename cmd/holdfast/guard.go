@@ -44,8 +44,8 @@ import (
 //     confirmed the deadline keeps ahead of both: a renewal is sent every
 //     TTL/3 and moves the deadline to TTL - TTL/5 after it was sent, so
 //     the SIGTERM comes only once no renewal was confirmed for 3/5 of the
-//     TTL (a renewal late by 4/15 of the TTL, 4 s at the default 15 s,
-//     stops nothing). When holdfast dies the kernel closes the write end;
+//     TTL (a renewal late by 4/15 of the TTL, 4 s at the default 15 s, and
+//     by 1 s at any TTL, stops nothing). When holdfast dies the kernel closes the write end;
 //     the guard reads EOF and sends SIGKILL at once. When CMD has exited,
 //     holdfast sends a stand-down message and the guard exits without
 //     killing. The guard tells holdfast what it did on a second pipe, so
@@ -72,17 +72,23 @@ const (
 )
 
 // termGrace is how long before the grant's deadline the guard sends
-// SIGTERM: --kill-grace, but at most TTL/5. The deadline is TTL - TTL/5
-// after the last confirmed renewal was sent and renewals go every TTL/3,
-// so while they are confirmed the deadline never comes within TTL/5 of
-// now (it stays at least 7/15 of the TTL ahead): a longer grace would
-// stop CMD under a healthy grant.
+// SIGTERM: --kill-grace, but at most TTL/5, and at most 7/15 TTL -
+// lateTolerance. The deadline is TTL - TTL/5 after the last confirmed
+// renewal was sent and renewals go every TTL/3, so while they are
+// confirmed the deadline stays at least 7/15 of the TTL ahead: a renewal
+// late by up to 4/15 TTL, and by at least lateTolerance (a loaded machine,
+// a slow store), stops nothing. Below a TTL of about 2.1 s there is no
+// room for a grace: SIGTERM comes with the SIGKILL.
 func termGrace(grace, ttl time.Duration) time.Duration {
 	if mutant.On("cmd/term-grace") {
 		return grace
 	}
-	return min(grace, ttl/5)
+	return min(grace, ttl/5, max(0, ttl*7/15-lateTolerance))
 }
+
+// lateTolerance is how late a renewal may be confirmed without the guard
+// stopping CMD, at the least.
+const lateTolerance = time.Second
 
 // The guard's messages: one byte, then a big-endian int64.
 const (

@@ -116,13 +116,15 @@ CMD is dead by the grant's deadline (after which the store may grant the
 lock to another client), whatever happens to holdfast. A guard process
 started beside CMD knows the deadline (holdfast tells it every 100 ms;
 each confirmed renewal, every TTL/3, moves it): when the deadline comes
-within --kill-grace, but at most TTL/5, with no renewal moving it (the
-store silent to holdfast, or holdfast stopped: SIGSTOP, a debugger), the
-guard sends CMD's group SIGTERM, then SIGKILL just before the deadline,
-and holdfast exits 122, even if renewals resumed meanwhile. The price: a
-store silent for 3/5 of the TTL (9 s at the default 15 s) cuts CMD short,
-and CMD gets at most TTL/5 (3 s) of --kill-grace then; a pause of holdfast
-or a late renewal that leaves the deadline further away stops nothing. If
+within --kill-grace, but at most TTL/5 (and at most 7/15 TTL - 1 s: a
+renewal 1 s late never stops CMD; below a TTL of about 2.1 s, no grace),
+with no renewal moving it (the store silent to holdfast, or holdfast
+stopped: SIGSTOP, a debugger), the guard sends CMD's group SIGTERM, then
+SIGKILL just before the deadline, and holdfast exits 122, even if renewals
+resumed meanwhile. The price: a store silent for 3/5 of the TTL (9 s at
+the default 15 s) cuts CMD short, and CMD gets at most TTL/5 (3 s) of
+--kill-grace then; a pause of holdfast or a late renewal that leaves the
+deadline further away stops nothing. If
 holdfast dies (kill -9), the guard sends SIGKILL at once (on Linux the
 kernel also kills CMD). After a loss, holdfast waits at most 0.5 s for a
 silent store, whose expiry releases the rest. See the README for what

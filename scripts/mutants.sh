@@ -68,6 +68,7 @@ cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
 cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
 cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
+cmd/guard-gone|./cmd/holdfast/|TestGuardGone
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate

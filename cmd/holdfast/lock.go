@@ -136,7 +136,8 @@ Exit status:
                   flag or argument, a missing or invalid NAME, a TTL out of
                   the store's range, a flag of the other store
   122             the lock was lost while CMD ran, or its deadline came
-                  near with no renewal confirmed; CMD was stopped
+                  near with no renewal confirmed, or the guard process
+                  died; CMD was stopped
   124             not acquired: --timeout elapsed while waiting, or --try
                   found it held
   125             holdfast failed once it went to the store: unreachable or
@@ -576,17 +577,37 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 	lost := g.Context().Done()
 	stop := ctx.Done()
 	acted := guard.actions()
+	var lastAct byte // the guard's last action; its pipe closes after actKill
 	var kill <-chan time.Time
 wait:
 	for {
 		select {
 		case werr = <-done:
 			break wait
-		case _, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
-			if !ok {
+		case a, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
+			switch {
+			case !ok && lastAct != actKill && !mutant.On("cmd/guard-gone"):
+				// The guard died (kill -9 of it alone): nothing would
+				// stop CMD by the deadline should holdfast stop next.
 				acted = nil
-			} else if lostCause == nil && g.Context().Err() == nil {
-				lostCause = errStalled
+				if lostCause == nil {
+					lostCause = errGuardGone
+				}
+				fmt.Fprintf(p.stderr, "holdfast: %s: %v; stopping the command\n", p.name, errGuardGone)
+				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				_ = syscall.Kill(-pgid, syscall.SIGCONT)
+				if kill == nil {
+					t := time.NewTimer(min(p.grace, time.Until(g.Deadline())))
+					defer t.Stop()
+					kill = t.C
+				}
+			case !ok:
+				acted = nil
+			default:
+				lastAct = a
+				if lostCause == nil && g.Context().Err() == nil {
+					lostCause = errStalled
+				}
 			}
 		case sig := <-p.sigs:
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
@@ -675,6 +696,11 @@ func stopGroup(pgid int, grace time.Duration, sigs <-chan os.Signal) {
 // errStalled is the loss runUnder reports when the guard stopped CMD
 // because the grant's deadline came near with no renewal confirmed.
 var errStalled = errors.New("the grant's deadline came near with no renewal moving it (the store did not answer, or holdfast could not run): the command was stopped to be gone by then")
+
+// errGuardGone is the loss runUnder reports when the guard process died
+// while CMD ran: CMD is stopped, as nothing would stop it by the grant's
+// deadline should holdfast stop too.
+var errGuardGone = errors.New("the guard process died (killed?), so nothing would stop the command by the grant's deadline if holdfast stopped: the command was stopped")
 
 // lostCloseTimeout bounds the close of a session after a loss: the store
 // may be silent (frozen, cut off), and what the close would remove it

@@ -154,7 +154,9 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 			return nil // somebody queued since
 		}
 		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
-		for plain := false; ; plain = true {
+		var wrote *api.TxnResponse
+		plain := false
+		for ; ; plain = true {
 			if len(v.queue) > 0 {
 				// Name the last live entry, acquired with its session (see
 				// tailSuffix).
@@ -163,7 +165,7 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 					m.tailOps(last.Session, fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex), plain)[1])
 			}
 			rb = nil
-			_, err = m.s.txn(ctx, ops)
+			wrote, err = m.s.txn(ctx, ops)
 			if errors.As(err, &rb) && !plain && rb.delayedOnly(2) {
 				continue // a lock-delay on the tail key: write it plain
 			}
@@ -176,6 +178,14 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 			return nil // somebody queued since
 		case rb != nil:
 			continue // the entry we meant to name went meanwhile: read again
+		}
+		if err == nil && plain && len(v.queue) > 0 {
+			last := v.queue[len(v.queue)-1]
+			for _, r := range wrote.Results {
+				if r.KV != nil && r.KV.Key == m.tailKey {
+					m.relockTail(last.Session, last.CreateIndex, r.KV.ModifyIndex)
+				}
+			}
 		}
 		return err
 	}

@@ -77,3 +77,28 @@ func TestWokenWaiterHolderDelay(t *testing.T) {
 		})
 	}
 }
+
+// TestPlainTailLeftover (breaker finding 4): H holds and is cut off, its
+// session ends. C locks within H's lock-delay (a restart of the same
+// service), so its queue-up writes the tail key plain (the delay refuses
+// its acquire); C is granted once the delay ends, then is cut off and its
+// session ends too. Nobody else contends: nothing may be left under the
+// name. Before, NAME/.tail stayed (no session, naming C) for good.
+func TestPlainTailLeftover(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	name := uniqueName(t)
+	for range 2 {
+		px, sc := proxied(t, a)
+		s := newSession(t, sc, WithLockDelay(500*time.Millisecond))
+		t.Cleanup(px.Mend) // before s closes
+		if _, err := newMutex(t, s, name).Lock(timeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		px.Pause()
+		destroy(t, admin, s.ID())
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitFor(t, time.Second, "nothing left under the name once both sessions ended", func() bool { return len(keys(t, admin, name)) == 0 })
+}

@@ -93,7 +93,8 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 // The tail key "<name>/.tail" names the queue entry created last:
 // "<session>" (the entry's CreateIndex is the tail's ModifyIndex: both are
 // written by the same transaction, see enqueue) or "<session> <index>"
-// (written by a repair, see Mutex.repairTail). Queuing up sets it and reads
+// (written by a repair, see Mutex.repairTail, or a re-lock, see
+// Mutex.relockTail). Queuing up sets it and reads
 // what it was in one transaction, so entries are created one at a time and
 // each new waiter learns its predecessor without reading the queue. It is
 // absent only while nobody queues or holds through the queue: it is
@@ -106,7 +107,8 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 // session (Behavior delete): a contender cut off for good leaves no tail
 // naming it. While a lock-delay is in effect on the tail key (its last
 // holder's session was invalidated), it is written plain instead (see
-// tailOps); a reader treats both alike.
+// tailOps), and acquired once the delay ends (see relockTail); a reader
+// treats both alike.
 const tailSuffix = "/.tail"
 
 // tailOps returns the operations that point the tail key at an entry of
@@ -118,6 +120,49 @@ func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
 		write = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: value}}
 	}
 	return api.TxnOps{kvOp(api.KVDelete, m.tailKey), write}
+}
+
+// relockTail acquires the tail key, written plain at index (see tailOps),
+// with session once the lock-delay that refused that ends, naming the
+// entry of session with CreateIndex entry explicitly (its ModifyIndex moves),
+// so that the key goes with that session: a plain tail key would outlive
+// every session (before: TestPlainTailLeftover). It runs in the session's
+// background, retried while the lock-delay lasts (core.Backoff, pauses up
+// to delayRetryMax), and stops once the tail key changed (somebody queued,
+// a release or a repair moved it), the session named ended, or ours did.
+//
+// A grant taken while our own tail key is still plain tries once more at
+// once (see acquisition.plainTail), so that a holder cut off right after
+// its grant leaves nothing either.
+func (m *Mutex) relockTail(session string, entry, index uint64) {
+	m.s.bg.Go(func(ctx context.Context) {
+		_ = core.Backoff{Attempt: requestTimeout, First: delayRetry, Max: delayRetryMax}.Retry(ctx, func(ctx context.Context) error {
+			_, err := m.relockTailOnce(ctx, session, entry, index)
+			return err
+		})
+	})
+}
+
+// relockTailOnce is one attempt of relockTail; it returns the tail key's
+// new ModifyIndex (0: not acquired), and an error only if the lock-delay
+// still refuses it or the request failed.
+func (m *Mutex) relockTailOnce(ctx context.Context, session string, entry, index uint64) (uint64, error) {
+	resp, err := m.s.txn(ctx, api.TxnOps{checkIndex(m.tailKey, index),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey, Session: session, Value: fmt.Appendf(nil, "%s %d", session, entry)}}})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && !rb.delayedOnly(1):
+		return 0, nil // it changed, or the session ended: nothing to do
+	case err != nil:
+		return 0, err
+	}
+	var at uint64
+	for _, r := range resp.Results {
+		if r.KV != nil && r.KV.Key == m.tailKey {
+			at = max(at, r.KV.ModifyIndex)
+		}
+	}
+	return at, nil
 }
 
 // tailEntry returns the entry that the tail key names (ok false if absent
@@ -174,6 +219,8 @@ type acquisition struct {
 	notBefore time.Time
 	guess     bool
 	pause     time.Duration
+	// plainTail says that we wrote the tail key plain (see relockTail).
+	plainTail bool
 }
 
 // taking is what differs between the acquisitions that wait in the queue:
@@ -600,6 +647,17 @@ again:
 	}
 	if first {
 		a.queueIndex, a.tailIndex = v.me.CreateIndex, v.me.CreateIndex
+		if plain {
+			m.relockTail(m.s.id, a.queueIndex, a.tailIndex)
+		}
+	} else if a.plainTail {
+		// The lock-delay that refused our tail key's acquire is likely
+		// over too: try it at once (see relockTail).
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		if at, _ := m.relockTailOnce(rctx, m.s.id, a.queueIndex, a.tailIndex); at != 0 {
+			a.tailIndex, a.plainTail = at, false // our release checks the tail key at its index
+		}
+		cancel()
 	}
 	a.next = v.next
 	a.mine = max(a.mine, v.lock.ModifyIndex)
@@ -663,6 +721,9 @@ again:
 		return nil, errors.New("holdfast/consul: queue up: Consul's answer has no queue entry of ours")
 	}
 	a.queueIndex, a.tailIndex, a.mine = me.CreateIndex, me.CreateIndex, me.CreateIndex
+	if a.plainTail = plain; plain {
+		m.relockTail(m.s.id, a.queueIndex, a.tailIndex)
+	}
 	if a.since == 0 {
 		a.since = me.CreateIndex
 	}

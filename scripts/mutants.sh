@@ -67,6 +67,8 @@ cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
 cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
+cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
+cmd/guard-gone|./cmd/holdfast/|TestGuardGone
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate
@@ -86,33 +88,40 @@ done <<<"$table"
 work=$(mktemp -d /tmp/holdfast-mutants.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # One test binary per package, with the mutants compiled in (and off until
-# HOLDFAST_MUTANT names one).
+# HOLDFAST_MUTANT names one), built by one go test -c (as <name>.test: the
+# packages' last elements differ); and the command, for cmd/holdfast's tests
+# (holdfastBin), built at the same time.
 declare -A bin
+pkgs=()
 for row in "${rows[@]}"; do
   IFS='|' read -r guard pkg run <<<"$row"
-  [ -z "${bin[$pkg]:-}" ] || continue
-  b="$work/$(echo "${pkg#./}" | tr / _)test"
-  log="/tmp/holdfast-mutant-build-$(basename "$pkg").log"
-  if go test -c -tags holdfast_mutants,holdfast_testhooks -o "$b" "$pkg" >"$log" 2>&1 && [ -x "$b" ]; then
+  [[ " ${pkgs[*]} " == *" $pkg "* ]] || pkgs+=("$pkg")
+done
+cmdpid=
+if [[ " ${pkgs[*]} " == *" ./cmd/holdfast/ "* ]]; then
+  (cd cmd/holdfast && go build -tags holdfast_mutants -o "$work/holdfast" .) >/tmp/holdfast-mutant-build-cmd.log 2>&1 &
+  cmdpid=$!
+fi
+mkdir "$work/bin"
+log=/tmp/holdfast-mutant-build.log
+go test -c -tags holdfast_mutants,holdfast_testhooks -o "$work/bin/" "${pkgs[@]}" >"$log" 2>&1
+for pkg in "${pkgs[@]}"; do
+  b="$work/bin/$(basename "$pkg").test"
+  if [ -x "$b" ]; then
     bin[$pkg]=$b
   else
     bin[$pkg]=none
     echo "ERROR     building $pkg with the mutants failed, which proves nothing (log $log)"
   fi
 done
-
-# The command, for cmd/holdfast's tests (holdfastBin), built once too.
-for row in "${rows[@]}"; do
-  IFS='|' read -r guard pkg run <<<"$row"
-  [ "$pkg" = ./cmd/holdfast/ ] || continue
-  if (cd cmd/holdfast && go build -tags holdfast_mutants -o "$work/holdfast" .) >/tmp/holdfast-mutant-build-cmd.log 2>&1; then
+if [ -n "$cmdpid" ]; then
+  if wait "$cmdpid"; then
     export HOLDFAST_TEST_BIN="$work/holdfast"
   else
     echo "ERROR     building the command with the mutants failed (log /tmp/holdfast-mutant-build-cmd.log)"
     bin[./cmd/holdfast/]=none
   fi
-  break
-done
+fi
 
 # one runs row $1 (guard|package|pattern) and writes its verdict to
 # $work/verdict.$2: caught, or survived (which counts an error too).

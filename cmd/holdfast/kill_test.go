@@ -117,8 +117,9 @@ func childrenOf(t *testing.T, pid int) []int {
 	return kids
 }
 
-// TestKill9ParentDeathSignal: with the guard process killed first (so only
-// the kernel's parent-death signal is left), kill -9 of holdfast still
+// TestKill9ParentDeathSignal: with the guard process stopped first (so only
+// the kernel's parent-death signal is left; a killed guard makes holdfast
+// stop CMD, TestGuardGone), kill -9 of holdfast still
 // ends CMD itself at once, as the README says; what CMD started is the
 // guard's to stop, and runs on here.
 func TestKill9ParentDeathSignal(t *testing.T) {
@@ -142,12 +143,17 @@ func TestKill9ParentDeathSignal(t *testing.T) {
 		}
 		return guard != 0
 	})
-	if err := syscall.Kill(guard, syscall.SIGKILL); err != nil {
+	t.Cleanup(func() { _ = syscall.Kill(guard, syscall.SIGKILL) })
+	if err := syscall.Kill(guard, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "the guard did not die", func() bool { return !running(guard) })
+	eventually(t, time.Second, "the guard did not stop", func() bool {
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(guard) + "/stat")
+		i := strings.LastIndexByte(string(st), ')')
+		return i > 0 && i+2 < len(st) && st[i+2] == 'T'
+	})
 	if !running(cmdPid) {
-		t.Fatal("killing the guard stopped the command")
+		t.Fatal("stopping the guard stopped the command")
 	}
 	killed := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {

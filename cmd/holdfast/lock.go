@@ -91,7 +91,9 @@ and SIGUSR2 sent to holdfast are passed on to that group; holdfast releases
 the lock once CMD exits, and once what CMD left running in its group (a
 command run with &) is gone: that gets SIGTERM, then SIGKILL after the
 kill grace (a process that left the group, setsid or a daemon, is not
-reached). While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
+reached). SIGINT, SIGTERM, SIGHUP and SIGQUIT are followed by SIGCONT (a
+stopped CMD gets them) and, if CMD has not exited after --kill-grace, by
+SIGKILL. While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
 SIGQUIT stop the wait (nothing is left in the store) and holdfast exits
 128+signal.
 
@@ -134,7 +136,8 @@ Exit status:
                   flag or argument, a missing or invalid NAME, a TTL out of
                   the store's range, a flag of the other store
   122             the lock was lost while CMD ran, or its deadline came
-                  near with no renewal confirmed; CMD was stopped
+                  near with no renewal confirmed, or the guard process
+                  died; CMD was stopped
   124             not acquired: --timeout elapsed while waiting, or --try
                   found it held
   125             holdfast failed once it went to the store: unreachable or
@@ -153,7 +156,7 @@ func lockFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	vis := addVisibilityFlags(fs)
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included: exiting 124 if the lock was not granted in time, 125 if the store did not answer (0: wait as long as it takes)")
 	try := fs.Bool("try", false, "fail at once, exiting 124, if the lock is held or waited for; the attempt, connecting included, is bounded by --timeout, else "+tryBound.String())
-	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost, how long CMD has between SIGTERM and SIGKILL; never past the grant's deadline, and at most TTL/5 when the store confirms no renewal (see above)")
+	grace := fs.Duration("kill-grace", 10*time.Second, "when the lock is lost (or a stop signal was passed on), how long CMD has between SIGTERM and SIGKILL; never past the grant's deadline, and at most TTL/5 when the store confirms no renewal (see above)")
 	childCode := fs.Bool("child-exit-code", true, "exit with CMD's exit status; false: exit 0 whenever CMD ran")
 	permits := fs.Int("n", 1, "hold one of `N` permits of the semaphore NAME instead of the lock (as consul lock -n N)")
 	var also nameList
@@ -574,23 +577,55 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 	lost := g.Context().Done()
 	stop := ctx.Done()
 	acted := guard.actions()
+	var lastAct byte // the guard's last action; its pipe closes after actKill
 	var kill <-chan time.Time
 wait:
 	for {
 		select {
 		case werr = <-done:
 			break wait
-		case _, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
-			if !ok {
+		case a, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
+			switch {
+			case !ok && lastAct != actKill && !mutant.On("cmd/guard-gone"):
+				// The guard died (kill -9 of it alone): nothing would
+				// stop CMD by the deadline should holdfast stop next.
 				acted = nil
-			} else if lostCause == nil && g.Context().Err() == nil {
-				lostCause = errStalled
+				if lostCause == nil {
+					lostCause = errGuardGone
+				}
+				fmt.Fprintf(p.stderr, "holdfast: %s: %v; stopping the command\n", p.name, errGuardGone)
+				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				_ = syscall.Kill(-pgid, syscall.SIGCONT)
+				if kill == nil {
+					t := time.NewTimer(min(p.grace, time.Until(g.Deadline())))
+					defer t.Stop()
+					kill = t.C
+				}
+			case !ok:
+				acted = nil
+			default:
+				lastAct = a
+				if lostCause == nil && g.Context().Err() == nil {
+					lostCause = errStalled
+				}
 			}
 		case sig := <-p.sigs:
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+			if isStop(sig) && !mutant.On("cmd/signal-escalation") {
+				// A request to stop: a stopped CMD gets it too, and
+				// SIGKILL follows after the grace, so that a CMD stopped
+				// or deaf to it does not hold the grant for ever.
+				_ = syscall.Kill(-pgid, syscall.SIGCONT)
+				if kill == nil {
+					t := time.NewTimer(p.grace)
+					defer t.Stop()
+					kill = t.C
+				}
+			}
 		case <-stop: // our caller gave up (in-process use): as a SIGTERM
 			stop = nil
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			_ = syscall.Kill(-pgid, syscall.SIGCONT)
 		case <-lost:
 			lost = nil
 			cause := context.Cause(g.Context())
@@ -661,6 +696,11 @@ func stopGroup(pgid int, grace time.Duration, sigs <-chan os.Signal) {
 // errStalled is the loss runUnder reports when the guard stopped CMD
 // because the grant's deadline came near with no renewal confirmed.
 var errStalled = errors.New("the grant's deadline came near with no renewal moving it (the store did not answer, or holdfast could not run): the command was stopped to be gone by then")
+
+// errGuardGone is the loss runUnder reports when the guard process died
+// while CMD ran: CMD is stopped, as nothing would stop it by the grant's
+// deadline should holdfast stop too.
+var errGuardGone = errors.New("the guard process died (killed?), so nothing would stop the command by the grant's deadline if holdfast stopped: the command was stopped")
 
 // lostCloseTimeout bounds the close of a session after a loss: the store
 // may be silent (frozen, cut off), and what the close would remove it

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/embedtest/etcdtest"
+)
+
+// TestSignalStopsStoppedCommand: CMD stops itself (SIGSTOP), then
+// holdfast gets SIGTERM: CMD gets SIGTERM and SIGCONT and ends of it, or,
+// ignoring SIGTERM, gets SIGKILL after --kill-grace; holdfast releases
+// the lock and exits with CMD's status. Before, the SIGTERM stayed pending
+// in the stopped CMD, and holdfast kept the lock, renewed, until kill -9.
+func TestSignalStopsStoppedCommand(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	const grace = 500 * time.Millisecond
+	for _, c := range []struct {
+		name, script string
+		code         int
+		within       time.Duration
+	}{
+		{"term", `echo $$ > "$1"; kill -STOP $$; echo resumed`, 128 + int(syscall.SIGTERM), time.Second},
+		{"ignores-term", `trap "" TERM; echo $$ > "$1"; kill -STOP $$; sleep 30`, 128 + int(syscall.SIGKILL), grace + time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pidFile := filepath.Join(t.TempDir(), "pid")
+			name := "stopped-cmd/" + c.name
+			p := start(t, "lock", "--endpoints", e.Endpoints()[0], "--ttl", "2s", "--kill-grace", grace.String(), name, "--", "sh", "-c", c.script, "sh", pidFile)
+			var pid int
+			eventually(t, 30*time.Second, "CMD did not stop itself", func() bool {
+				b, _ := os.ReadFile(pidFile)
+				pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+				st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+				i := strings.LastIndexByte(string(st), ')')
+				return pid > 0 && i > 0 && i+2 < len(st) && st[i+2] == 'T'
+			})
+			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+			termed := time.Now()
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			code := p.wait(t, 10*time.Second)
+			took := time.Since(termed)
+			t.Logf("SIGTERM to holdfast: exit %d after %v", code, took.Round(time.Millisecond))
+			if code != c.code || took > c.within {
+				t.Errorf("exit %d after %v, want %d within %v; stderr: %s", code, took, c.code, c.within, p.stderr.String())
+			}
+			if keys := keysUnder(t, e.Client(t), name+"/"); len(keys) != 0 {
+				t.Errorf("keys %v left, want the lock released", keys)
+			}
+		})
+	}
+}
+
+// TestGuardGone: the guard process is killed (kill -9) while CMD runs:
+// holdfast stops CMD (SIGTERM, SIGKILL after --kill-grace) and exits 122,
+// saying why: without its guard, CMD would outlive the grant should
+// holdfast be stopped next. Before, holdfast said nothing and CMD ran on
+// unguarded (the breaker's run: guard killed, then holdfast stopped: CMD
+// wrote 2.97 s past the next holder's grant).
+func TestGuardGone(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	dir := t.TempDir()
+	beats, pidFile := filepath.Join(dir, "beats"), filepath.Join(dir, "pid")
+	const grace = 500 * time.Millisecond
+	p := start(t, "lock", "--endpoints", e.Endpoints()[0], "--ttl", "2s", "--kill-grace", grace.String(), "guard-gone", "--",
+		"sh", "-c", `echo $$ > "$2"; trap "" TERM; `+heartbeat, "sh", beats, pidFile)
+	var cmdPid int
+	eventually(t, 30*time.Second, "the heartbeat did not start", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		cmdPid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		_, n := lastStamp(t, beats)
+		return cmdPid > 0 && n > 0
+	})
+	var guard int
+	eventually(t, 5*time.Second, "no guard process beside the command", func() bool {
+		for _, k := range childrenOf(t, p.cmd.Process.Pid) {
+			if k != cmdPid {
+				guard = k
+			}
+		}
+		return guard != 0
+	})
+	killed := time.Now()
+	if err := syscall.Kill(guard, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(t, 10*time.Second)
+	last, _ := lastStamp(t, beats)
+	t.Logf("guard killed: CMD's last write %v later, holdfast exit %d after %v", last.Sub(killed).Round(time.Millisecond), code, time.Since(killed).Round(time.Millisecond))
+	if code != exitLost || !strings.Contains(p.stderr.String(), "guard process died") {
+		t.Errorf("exit %d, want %d saying the guard died; stderr: %s", code, exitLost, p.stderr.String())
+	}
+	if d := last.Sub(killed); d > grace+time.Second {
+		t.Errorf("CMD wrote %v after its guard was killed, want stopped within --kill-grace %v", d, grace)
+	}
+	if running(cmdPid) {
+		t.Errorf("CMD %d still runs", cmdPid)
+	}
+}

@@ -13,7 +13,7 @@ MODULES := . cmd/holdfast embedtest/etcdtest embedtest/pgtest examples tests
 PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 # The slowest packages first: go test runs the packages in the order given
 # (two at a time on 2 cores), so that none of them starts last, alone.
-SLOWPKGS := ./tests/etcd/ ./cmd/holdfast/internal/safety/ ./cmd/holdfast/ ./consul/ ./conformance/ ./cmd/holdfast/internal/bench/ ./tests/shard/ ./tests/semaphore/ ./embedtest/etcdtest/ ./tests/leader/
+SLOWPKGS := ./cmd/holdfast/ ./tests/etcd/ ./consul/ ./cmd/holdfast/internal/safety/ ./conformance/ ./cmd/holdfast/internal/bench/ ./tests/shard/ ./tests/semaphore/ ./embedtest/etcdtest/ ./tests/leader/
 # tests/etcd uses etcd's test hooks (etcd/export_testhooks.go) and refuses to
 # run without this tag; nothing else depends on it.
 TESTTAGS := holdfast_testhooks

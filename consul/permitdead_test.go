@@ -2,8 +2,12 @@ package consul
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast"
 )
 
 // permitLocker is a Semaphore's or an RWMutex's Lock (RLock: shared).
@@ -95,4 +99,54 @@ func TestPermitWaiterWokenByDeadHolder(t *testing.T) {
 		destroy(t, a.Client(t), s1.ID())
 		admitted(t, w2, time.Now(), "the second waiter")
 	})
+}
+
+// TestPermitDeadOtherKind (issue 25, item 7; the Semaphore and RWMutex side
+// of deadkey.go's rule): a Semaphore's or an RWMutex's only holder is cut
+// off and its session ends, nobody else contends: NAME/.lock stays with its
+// kind's flags. While the holder lives, the other kind refuses the name with
+// ErrConflict saying how to free it; once it is dead, the other kind takes
+// the name (the dead key replaced at its index; Lock and TryLock), and
+// nothing is left after. Before, a dead RWMutex's key refused a Semaphore,
+// and a dead Semaphore's an RWMutex, for good ("flags ..., not a
+// semaphore's"), without saying how to free the name.
+func TestPermitDeadOtherKind(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	for _, c := range []struct {
+		dead string
+		try  bool
+	}{{"rw", false}, {"semaphore", false}, {"rw", true}} {
+		next := map[string]string{"rw": "semaphore", "semaphore": "rw"}[c.dead]
+		t.Run(c.dead+"-then-"+next+map[bool]string{true: "-try"}[c.try], func(t *testing.T) {
+			t.Parallel()
+			name := uniqueName(t)
+			lock := func(s *Session, kind string, try bool) permitLocker {
+				if kind == "semaphore" {
+					m := newSemaphore(t, s, name, 1)
+					return map[bool]permitLocker{false: m.Lock, true: m.TryLock}[try]
+				}
+				m := newRWMutex(t, s, name)
+				return map[bool]permitLocker{false: m.RLock, true: m.TryLock}[try]
+			}
+			kill := cutOff(t, func(s *Session) permitLocker { return lock(s, c.dead, false) })
+			ns := newSession(t, a.Client(t), WithLockDelay(0))
+			if _, err := lock(ns, next, c.try)(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrConflict) || !strings.Contains(err.Error(), "consul kv delete") {
+				t.Fatalf("%s while the %s's holder lives: %v, want ErrConflict saying how to free the name", next, c.dead, err)
+			}
+			kill()
+			if l := lockKeyNow(t, admin, name); l == nil {
+				t.Fatal("NAME/.lock gone with the holder's session: nothing to test")
+			}
+			g, err := lock(ns, next, c.try)(timeout(t, 5*time.Second))
+			if err != nil {
+				t.Fatalf("%s once the %s's holder is dead: %v", next, c.dead, err)
+			}
+			if err := g.Unlock(timeout(t, 5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, cleanupBound, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
+		})
+	}
 }

@@ -142,18 +142,16 @@ type contender struct {
 // pview is what we know of the permits.
 type pview struct {
 	lock *api.KVPair // nil if absent
-	st   permitState // holders; pruned of dead ones if fresh
-	// fresh: lock and the contender keys come from one snapshot (a read of
-	// the subtree), so holders whose session holds no key are known dead
-	// and were pruned. Otherwise nobody is pruned: a holder admitted after
-	// the snapshot of the keys would look dead.
-	fresh   bool
+	// st: the holders, pruned of dead ones: lock and the contender keys come
+	// from one snapshot (a read of the subtree), so holders whose session
+	// holds no key are known dead.
+	st      permitState
 	waiters []contender   // holdfast waiters, by CreateIndex
 	me      *api.KVPair   // our live contender key, if any
 	dead    []*api.KVPair // contender keys without a session
 	err     error         // why we must not use the name (ErrConflict)
 	foreign bool          // a foreign contender (api.Semaphore) has a live key
-	index   uint64        // the highest ModifyIndex read (of a fresh view)
+	index   uint64        // the highest ModifyIndex read
 }
 
 // parse builds a view from a transaction's results that include a read of
@@ -163,11 +161,14 @@ func (p *permits) parse(results []*api.TxnResult) pview { return p.parseKVs(late
 // parseKVs builds a view from the keys of the subtree "<name>/", read at
 // once.
 func (p *permits) parseKVs(kvs []*api.KVPair) pview {
-	v := pview{fresh: true}
+	var v pview
+	k := p.kind()
 	live := make(map[string]bool, len(kvs))
+	ours := make(map[string]bool, len(kvs)) // keys with our kind's flags
 	var keys []*api.KVPair
 	for _, e := range kvs { // 1. the keys: the lock key, contenders
 		v.index = max(v.index, e.ModifyIndex)
+		ours[e.Key] = e.Flags == k.flags
 		if e.Session != "" {
 			live[e.Session] = true // api.Semaphore's rule for a live holder
 		}
@@ -178,7 +179,16 @@ func (p *permits) parseKVs(kvs []*api.KVPair) pview {
 		}
 	}
 	st, err := p.decode(v.lock) // 2. the holders, pruned of dead ones
-	if err != nil {
+	switch {
+	case err == nil:
+	case v.lock.Flags != k.flags:
+		// Another kind's lock key (deadkey.go): live, a conflict; dead,
+		// our admission replaces it (its CAS at the index read).
+		if l := liveUnder(kvs, v.lock, func(key string) bool { return ours[key] }); l != nil {
+			v.err = otherKindError(v.lock, l, p.prefix, "a holdfast "+k.what)
+		}
+		st = permitState{limit: p.limit, holders: map[string]bool{}}
+	default:
 		v.conflict(err)
 		st = permitState{limit: p.limit, holders: map[string]bool{}}
 	}
@@ -220,18 +230,22 @@ func latest(results []*api.TxnResult) []*api.KVPair {
 
 // contenderKey reports whether e, a key other than the lock key, is a live
 // contender key of ours to look at; it notes in v a key that is not ours to
-// use (a conflict) or one without a session (dead).
+// use (a conflict) or a contender key without a session (dead: ours, or
+// another Semaphore's or RWMutex's). Any other key held by no session is
+// nobody's lock (a plain data key, a dead Mutex's tail): left alone.
 func (p *permits) contenderKey(v *pview, e *api.KVPair) bool {
 	k := p.kind()
 	rest, ok := strings.CutPrefix(e.Key, p.prefix)
+	shaped := rest != "" && !strings.Contains(rest, "/") && !strings.HasPrefix(rest, ".")
 	switch {
 	case !ok:
-	case rest == "" || strings.Contains(rest, "/") || strings.HasPrefix(rest, "."):
+	case e.Session == "" && shaped && (e.Flags == SemaphoreFlagValue || e.Flags == RWMutexFlagValue):
+		v.dead = append(v.dead, e)
+	case e.Session == "":
+	case !shaped:
 		v.conflict(fmt.Errorf("%w: %q is under %s: not a %s's key", holdfast.ErrConflict, e.Key, p.prefix, k.what))
 	case e.Flags != k.flags:
 		v.conflict(fmt.Errorf("%w: %s has flags %#x, not a %s contender's %#x", holdfast.ErrConflict, e.Key, e.Flags, k.what, k.flags))
-	case e.Session == "":
-		v.dead = append(v.dead, e)
 	default:
 		return true
 	}

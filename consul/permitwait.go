@@ -308,28 +308,17 @@ func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair, bound time.Dura
 }
 
 // tryHead admits us, at the head of the queue, if the lock key v.lock has
-// room, with the waiters behind us that fit too. If v is not fresh (the lock
-// key comes from a watch), nobody is pruned, and finding our session among
-// the holders means a handoff to us (or a stale entry): not got, read again.
-// full reports that there is no room for us.
+// room, with the waiters behind us that fit too. full reports that there
+// is no room for us.
 func (a *pacq) tryHead(ctx context.Context, v pview) (token uint64, got, full bool, err error) {
 	p := a.p
-	st := v.st
-	if !v.fresh {
-		if st, err = p.decode(v.lock); err != nil {
-			return 0, false, false, err
-		}
-		if _, in := st.holders[p.s.id]; in {
-			return 0, false, false, nil
-		}
-	}
 	queue := []contender{{key: p.myKey, session: p.s.id, index: v.me.ModifyIndex, create: v.me.CreateIndex, exclusive: a.exclusive}}
 	for _, w := range v.waiters {
 		if w.create > v.me.CreateIndex {
 			queue = append(queue, w)
 		}
 	}
-	st, in := p.admit(st, queue)
+	st, in := p.admit(v.st, queue)
 	if len(in) == 0 {
 		return 0, false, true, nil
 	}

@@ -196,9 +196,12 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	}
 }
 
-// TestSemaphoreForeignKey: a lock key that is not a semaphore's (a lock's
-// flags, an undecodable value, a bad limit) is ErrConflict, never a panic,
-// and is left as it was; so is the other way round (a Mutex on a
+// TestSemaphoreForeignKey: a semaphore's lock key with an undecodable value
+// or a bad limit is ErrConflict, never a panic, and is left as it was; one
+// of another kind (a lock's flags, an RWMutex's, none) held by no session,
+// with no live key under the name, is dead: the Semaphore takes the name
+// and leaves nothing (deadkey.go; TestPermitDeadOtherKind). A held lock of
+// another kind is a conflict the other way round too (a Mutex on a
 // semaphore's name, a Semaphore on a held Mutex's).
 func TestSemaphoreForeignKey(t *testing.T) {
 	t.Parallel()
@@ -224,6 +227,19 @@ func TestSemaphoreForeignKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := newSemaphore(t, s, name, 2)
+		if tc.flags != api.SemaphoreFlagValue {
+			for _, f := range []func(context.Context) (*Grant, error){m.Lock, m.TryLock} {
+				g, err := f(ctx)
+				if err != nil {
+					t.Fatalf("flags %#x value %q, dead: %v", tc.flags, tc.value, err)
+				}
+				if err := g.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, cleanupBound, "nothing left under the name", func() bool { return len(keys(t, c, name)) == 0 })
+			continue
+		}
 		for _, f := range []func(context.Context) (*Grant, error){m.Lock, m.TryLock} {
 			if _, err := f(ctx); !errors.Is(err, holdfast.ErrConflict) {
 				t.Fatalf("flags %#x value %q: %v, want ErrConflict", tc.flags, tc.value, err)

@@ -110,6 +110,11 @@ func pausedHolder(t *testing.T, c pauseCase) {
 	p := start(t, append(append(c.holder, "--"), "sh", "-c", script, "sh", beats)...)
 	eventually(t, 30*time.Second, "the heartbeat did not start", func() bool { _, n := lastStamp(t, beats); return n > 0 })
 	next := start(t, append(append(c.next, "-v", "--"), "sh", "-c", `date +%s%N > "$1"`, "sh", granted)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the paused holder's stderr: %q; the next holder's: %q", p.stderr.String(), next.stderr.String())
+		}
+	})
 	eventually(t, 10*time.Second, "the next holder does not wait", func() bool { return strings.Contains(next.stderr.String(), "waiting") })
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)

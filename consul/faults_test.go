@@ -37,8 +37,11 @@ import (
 // session IDs blanked out), checked against faultKinds below so that a new
 // kind of request shows here and is not left out silently.
 //
-// By default the Mutex's kinds run (the cases of defects 1 and 2: 36
-// cases, about 6 s); HOLDFAST_FAULTS=all runs every primitive (make
+// By default the Mutex's kinds run (the cases of defects 1 and 2), and
+// those of a Mutex taking a name over from a dead lock of another kind
+// under a lock-delay ("mutex-takeover", see deadTakeover: the dead key's
+// read and replacing take, the plain tail key's writes and re-lock): 57
+// cases, about 12 s; HOLDFAST_FAULTS=all runs every primitive (make
 // faults: about 200 cases, 50 s), and fails on a kind not listed (a
 // rare interleaving may show one: the default run only logs it).
 // HOLDFAST_FAULTS_CASE=<substring of "primitive, mode, kind"> runs the
@@ -62,6 +65,15 @@ var faultKinds = map[string][]string{
 		"PUT /v1/txn [delete N/.queue/S/next/S, delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
 		"PUT /v1/txn [delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
 		"PUT /v1/txn [delete N/.tail, delete-tree N/.queue/S, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S/, lock N/.queue/S, lock N/.tail]",
+	},
+	// A Mutex taking a name over (see deadTakeover): the kinds that the
+	// Mutex's run does not send.
+	"mutex-takeover": {
+		"PUT /v1/txn [check-index N/.lock, get-tree N/.queue/S, lock N/.lock, lock N/.queue/S/held]",
+		"PUT /v1/txn [check-index N/.tail, lock N/.tail]",
+		"PUT /v1/txn [check-not-exists N/.lock, check-not-exists N/.tail, delete N/.tail, delete-tree N/.queue/S, get-tree N/.queue/S, lock N/.lock, lock N/.queue/S, lock N/.queue/S/held, set N/.tail]",
+		"PUT /v1/txn [delete N/.tail, delete-tree N/.queue/S, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S/, lock N/.queue/S, set N/.tail]",
+		"PUT /v1/txn [get-tree N/]",
 	},
 	"rwmutex": {
 		"GET /v1/kv/N/.lock",
@@ -140,23 +152,58 @@ var faultKinds = map[string][]string{
 type faultPrim struct {
 	name  string
 	limit int // weight the holders may add up to at once
+	// of, for a variant of primitive of (a Mutex taking a name over, say),
+	// says that its kinds listed under of are run there, not here; setup,
+	// if set, prepares the names before the run, and B and C then start
+	// 200 ms after A, so that A meets what it left.
+	of    string
+	setup func(t *testing.T, c *api.Client, base string)
 	// open returns contender i's lock through s on the names under base:
 	// lock returns the grant's weight, its context and its unlock.
 	open func(s *Session, base string, i, round int) func(ctx context.Context) (int, context.Context, func(context.Context) error, error)
 }
 
-var faultPrims = []faultPrim{
-	{"mutex", 1, func(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
-		m, _ := NewMutex(s, base)
-		return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
-			g, err := m.Lock(ctx)
-			if err != nil {
-				return 0, nil, nil, err
-			}
-			return 1, g.Context(), g.Unlock, nil
+// openMutex opens the table's Mutex.
+func openMutex(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
+	m, _ := NewMutex(s, base)
+	return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
+		g, err := m.Lock(ctx)
+		if err != nil {
+			return 0, nil, nil, err
 		}
-	}},
-	{"rwmutex", 3, func(s *Session, base string, i, round int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
+		return 1, g.Context(), g.Unlock, nil
+	}
+}
+
+// deadTakeover leaves under base what a cut-off holder of another kind
+// leaves once its session ends: a dead semaphore's lock key (which the
+// Mutex's head checks and replaces in its take), and a 1 s lock-delay on
+// the tail key (which the queue-ups write plain, then acquire with their
+// session once the delay ends).
+func deadTakeover(t *testing.T, c *api.Client, base string) {
+	id, _, err := c.Session().Create(&api.SessionEntry{TTL: "10s", Behavior: api.SessionBehaviorDelete, LockDelay: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*api.KVPair{
+		{Key: base + "/" + id, Flags: api.SemaphoreFlagValue, Session: id},
+		{Key: base + tailSuffix, Value: []byte(id), Session: id},
+	} {
+		if ok, _, err := c.KV().Acquire(p, nil); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	v := fmt.Sprintf(`{"Limit":2,"Holders":{%q:true}}`, id)
+	if _, err := c.KV().Put(&api.KVPair{Key: LockKey(base), Flags: api.SemaphoreFlagValue, Value: []byte(v)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	destroy(t, c, id)
+}
+
+var faultPrims = []faultPrim{
+	{name: "mutex", limit: 1, open: openMutex},
+	{name: "mutex-takeover", limit: 1, open: openMutex, of: "mutex", setup: deadTakeover},
+	{name: "rwmutex", limit: 3, open: func(s *Session, base string, i, round int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
 		m, _ := NewRWMutex(s, base)
 		return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
 			w, lock := 3, m.Lock // a writer excludes all three
@@ -170,7 +217,7 @@ var faultPrims = []faultPrim{
 			return w, g.Context(), g.Unlock, nil
 		}
 	}},
-	{"semaphore", 2, func(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
+	{name: "semaphore", limit: 2, open: func(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
 		m, _ := NewSemaphore(s, base, 2)
 		return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
 			g, err := m.Lock(ctx)
@@ -180,7 +227,7 @@ var faultPrims = []faultPrim{
 			return 1, g.Context(), g.Unlock, nil
 		}
 	}},
-	{"election", 1, func(s *Session, base string, i, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
+	{name: "election", limit: 1, open: func(s *Session, base string, i, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
 		e, _ := NewElection(s, base)
 		return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
 			g, err := e.Campaign(ctx, fmt.Appendf(nil, "c%d", i))
@@ -190,7 +237,7 @@ var faultPrims = []faultPrim{
 			return 1, g.Context(), g.Unlock, nil
 		}
 	}},
-	{"multi", 1, func(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
+	{name: "multi", limit: 1, open: func(s *Session, base string, _, _ int) func(context.Context) (int, context.Context, func(context.Context) error, error) {
 		m, _ := NewMultiMutex(s, base+"/x", base+"/y")
 		return func(ctx context.Context) (int, context.Context, func(context.Context) error, error) {
 			g, err := m.Lock(ctx)
@@ -314,6 +361,9 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 		f = inject(ft)
 		f.Late = 100 * time.Millisecond
 	}
+	if p.setup != nil {
+		p.setup(t, a.Client(t), base)
+	}
 	var sessions []*Session
 	for i := range 3 {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -341,6 +391,9 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 	for i, s := range sessions {
 		wg.Go(func() {
 			who := string(rune('A' + i))
+			if p.setup != nil && i > 0 {
+				time.Sleep(200 * time.Millisecond) // A first
+			}
 			for round := range 3 {
 				lock := p.open(s, base, i, round)
 				wait := 10 * time.Second
@@ -469,7 +522,7 @@ func TestRequestFaults(t *testing.T) {
 	}
 	var cases []faultCase
 	for _, p := range faultPrims {
-		if !all && p.name != "mutex" {
+		if !all && p.name != "mutex" && p.of != "mutex" {
 			continue
 		}
 		base := uniqueName(t) + "/" + p.name
@@ -490,7 +543,7 @@ func TestRequestFaults(t *testing.T) {
 			}
 		}
 		for _, k := range kinds {
-			if !slices.Contains(faultKinds[p.name], k) {
+			if !slices.Contains(faultKinds[p.name], k) && !slices.Contains(faultKinds[p.of], k) {
 				report := t.Errorf // a rare interleaving may show a kind not listed yet: only the full table fails on it
 				if !all {
 					report = t.Logf

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -95,7 +96,9 @@ reached). SIGINT, SIGTERM, SIGHUP and SIGQUIT are followed by SIGCONT (a
 stopped CMD gets them) and, if CMD has not exited after --kill-grace, by
 SIGKILL. While holdfast waits for the lock, SIGINT, SIGTERM, SIGHUP and
 SIGQUIT stop the wait (nothing is left in the store) and holdfast exits
-128+signal.
+128+signal. Ctrl-Z (SIGTSTP, holdfast a shell's job) while waiting leaves
+the queue (nothing is left in the store) and stops holdfast; fg waits
+again, behind whoever came meanwhile.
 
 With -v holdfast says on stderr where it waits, the token it got and that
 it released; --metrics-addr serves Prometheus metrics and --log text|json
@@ -314,7 +317,27 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		var g holdfast.Grant
 		began := time.Now()
 		answered := r.probeLate(actx, s, name)
+		var paused atomic.Bool
 		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
+			if underJobControl() && !mutant.On("cmd/tstp-withdraw") {
+				// Ctrl-Z (SIGTSTP) while waiting: leave the queue, so
+				// that a stopped waiter blocks nobody, then stop; fg
+				// joins it again, at its end.
+				tstp := make(chan os.Signal, 1)
+				signal.Notify(tstp, syscall.SIGTSTP)
+				defer signal.Stop(tstp)
+				var cancel context.CancelFunc
+				wctx, cancel = context.WithCancel(wctx)
+				defer cancel()
+				go func() {
+					select {
+					case <-tstp:
+						paused.Store(true)
+						cancel()
+					case <-wctx.Done():
+					}
+				}()
+			}
 			if r.verbose {
 				pctx, cancel := context.WithCancel(wctx)
 				reported := make(chan struct{})
@@ -324,6 +347,16 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err != nil && got == nil && paused.Load() && ctx.Err() == nil && actx.Err() == nil {
+			r.verbosef("%s: stopped (SIGTSTP): left the queue; on SIGCONT (fg) holdfast waits again, behind whoever came meanwhile", name)
+			// The session goes too (a wait cancelled early may end it):
+			// nothing is left in the store, and fg opens a new one.
+			closeSession(s, true)
+			s = nil
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			err = nil
+			continue
+		}
 		if err == nil {
 			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -106,4 +107,48 @@ func TestGuardGone(t *testing.T) {
 	if running(cmdPid) {
 		t.Errorf("CMD %d still runs", cmdPid)
 	}
+}
+
+// TestStopWhileWaiting: a waiter that is a shell's job (its own process
+// group) gets SIGTSTP (Ctrl-Z): it leaves the queue (its key is gone) and
+// stops; SIGCONT (fg) puts it back in the queue, and it gets the lock
+// once the holder is done. Before, the stopped waiter kept its place: the
+// others behind it waited until its session expired.
+func TestStopWhileWaiting(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.Etcd(t)
+	c := e.Client(t)
+	flags := []string{"--endpoints", e.Endpoints()[0], "--ttl", "5s"} // a stopped waiter's session outlives the test's steps
+	holder := start(t, append(append([]string{"lock", "-v"}, flags...), "tstp-wait", "--", "sleep", "60")...)
+	eventually(t, 30*time.Second, "the holder did not get the lock", func() bool { return strings.Contains(holder.stderr.String(), "acquired") })
+	w := &proc{done: make(chan struct{})}
+	w.cmd = exec.Command(holdfastBin(t), append(append([]string{"lock", "-v"}, flags...), "tstp-wait", "--", "true")...)
+	w.cmd.Stdout, w.cmd.Stderr = &w.stdout, &w.stderr
+	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a job of its own, as a shell starts it
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { w.code = exitCode(w.cmd.Wait()); close(w.done) }()
+	t.Cleanup(func() { _ = w.cmd.Process.Kill(); <-w.done })
+	eventually(t, 10*time.Second, "the waiter does not wait", func() bool { return len(keysUnder(t, c, "tstp-wait/")) == 2 })
+	if err := w.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Second, "the stopped waiter is still in the queue", func() bool { return len(keysUnder(t, c, "tstp-wait/")) == 1 })
+	eventually(t, 5*time.Second, "the waiter did not stop", func() bool {
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(w.cmd.Process.Pid) + "/stat")
+		i := strings.LastIndexByte(string(st), ')')
+		return i > 0 && i+2 < len(st) && st[i+2] == 'T'
+	})
+	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the resumed waiter is not back in the queue", func() bool { return len(keysUnder(t, c, "tstp-wait/")) == 2 })
+	if err := holder.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := w.wait(t, 10*time.Second); code != 0 || !strings.Contains(w.stderr.String(), "left the queue") {
+		t.Errorf("the resumed waiter: exit %d, want 0 after saying it left the queue; stderr: %s", code, w.stderr.String())
+	}
+	holder.wait(t, 10*time.Second)
 }

@@ -802,9 +802,10 @@ func RunConsul(ctx context.Context, o ConsulOptions) (Summary, error) {
 	if aerr != nil {
 		return s, errors.Join(err, aerr)
 	}
-	// Sessions invalidated during the run (Behavior release, as api.Lock's)
-	// leave their keys without a session; the next contender prunes them.
-	// Once every session of the run has ended (a session whose Close could
+	// Sessions invalidated during the run take their keys with them
+	// (Behavior delete), but a Semaphore's NAME/.lock, which no session
+	// holds, keeps naming a dead last holder until the next contender
+	// prunes it. Once every session of the run has ended (a session whose Close could
 	// not reach a killed server expires within twice its TTL), one last
 	// acquisition by a fresh client plays that contender.
 	for deadline := time.Now().Add(3 * consul.MinTTL); time.Now().Before(deadline); {

@@ -24,7 +24,7 @@ test: consul
 	./scripts/modgraph.sh
 	$(GO) vet -tags $(TESTTAGS) $(PKGS)
 	$(GO) test -race -count=1 -tags $(TESTTAGS) -timeout 25m $(SLOWPKGS) $(PKGS)
-	$(GO) test -count=1 -tags $(TESTTAGS) -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./tests/etcd/ ./consul/ ./cmd/holdfast/internal/bench/   # memory figures and 256 contenders, without -race's slowness
+	$(GO) test -p 1 -count=1 -tags $(TESTTAGS) -run 'TestMemoryPerGrant|TestSemaphoreRPCsFlat256|TestManyLocksMemory|TestWaitersCostFlat512' ./tests/etcd/ ./consul/ ./cmd/holdfast/internal/bench/   # memory figures and 256 contenders, without -race's slowness, one package at a time (cost ratios drift when packages load the machine beside them)
 
 # Build (first run: about 4 minutes) or locate the cached Consul server.
 consul:

@@ -98,16 +98,7 @@ func groupAlive(pgid int) bool {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:]) // state, ppid, pgrp...
+		f := procStat(e.Name()) // state, ppid, pgrp...
 		if len(f) > 2 && f[0] != "Z" && f[0] != "X" && f[2] == strconv.Itoa(pgid) {
 			return true
 		}
@@ -128,19 +119,25 @@ func childGroups(parent int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:]) // state, ppid, pgrp, session...
+		f := procStat(e.Name()) // state, ppid, pgrp, session...
 		if len(f) > 3 && f[1] == strconv.Itoa(parent) && f[2] == e.Name() && f[3] != e.Name() && pid != os.Getpid() {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// procStat returns the fields of /proc/<pid>/stat after the command name
+// (state, ppid, pgrp, session, ...), or nil if the process is gone.
+func procStat(pid string) []string {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
 }

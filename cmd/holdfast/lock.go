@@ -621,9 +621,11 @@ wait:
 			break wait
 		case a, ok := <-acted: // SIGTERM or SIGKILL: the guard stopped CMD for the deadline
 			switch {
-			case !ok && lastAct != actKill && !mutant.On("cmd/guard-gone"):
-				// The guard died (kill -9 of it alone): nothing would
-				// stop CMD by the deadline should holdfast stop next.
+			case !ok && lastAct != actKill && groupAlive(pgid) && !mutant.On("cmd/guard-gone"):
+				// The guard died (kill -9 of it alone) while CMD runs:
+				// nothing would stop CMD by the deadline should holdfast
+				// stop next. (A guard that left because CMD's group is
+				// gone, as CMD exits, is not a death.)
 				acted = nil
 				if lostCause == nil {
 					lostCause = errGuardGone

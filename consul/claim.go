@@ -177,7 +177,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		c := &Claim{o: o, id: id, period: period, made: got}
 		keeper := core.NewKeeper(sent, ttl, ttl/5)
 		endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), c.release, func() {
+		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
 			endWithSession()
 			keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
 		})

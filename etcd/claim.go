@@ -143,7 +143,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	c := &Claim{o: o, lease: lease, period: period, made: got}
 	keeper := core.NewKeeper(sent, grantedTTL(ttl, lresp.TTL), ttl/5)
 	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), c.release, func() {
+	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), core.ReleaseFunc(c.release), func() {
 		endWithSession()
 		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
 	})

@@ -57,10 +57,6 @@ const (
 	dialTimeout = 5 * time.Second
 )
 
-// blockTimeout is the client-side timeout of a blocking query with the given
-// wait: Consul adds up to wait/16 of jitter, and the answer needs a moment.
-func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*time.Second }
-
 type sessionConfig struct {
 	ttl        time.Duration
 	margin     time.Duration
@@ -514,12 +510,11 @@ func (s *Session) watch(ctx context.Context) {
 	}
 	ctx, cancel := s.bind(ctx)
 	defer cancel()
-	refused := func(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
 	var index uint64
 	for {
 		var entry *api.SessionEntry
 		var meta *api.QueryMeta
-		err := core.Backoff{Attempt: blockTimeout(monitorWait), Final: refused}.Retry(ctx, func(ctx context.Context) (err error) {
+		err := core.Backoff{Attempt: blockTimeout(monitorWait), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
 			q := &api.QueryOptions{WaitIndex: index, WaitTime: monitorWait}
 			entry, meta, err = s.client.Session().Info(s.id, q.WithContext(ctx))
 			return err

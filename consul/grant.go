@@ -100,9 +100,6 @@ func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 // 250 ms) and otherwise reads the whole queue.
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
-// Session returns the ID of the Consul session that holds the grant.
-func (g *Grant) Session() string { return g.s.id }
-
 // Guard returns the operation that succeeds exactly while this grant is
 // held: a check-session of the lock key on our session. Put it first in
 // your own /v1/txn transactions; Txn does it for you.

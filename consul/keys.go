@@ -48,14 +48,11 @@ func (m *Mutex) entry(session string, index uint64) waiter {
 	return waiter{key: m.queuePrefix + session, session: session, index: index}
 }
 
-// HolderToken returns the fencing token of the grant that holds lock, a
-// Mutex's or an Election's lock key (LockKey) as read from Consul: the
-// ModifyIndex of the write that acquired it (a later write by the holder,
-// such as a poke, moves it). For a key held by api.Lock or `consul lock`,
-// it is the key's ModifyIndex too.
-func HolderToken(lock *api.KVPair) uint64 { return tokenOf(lock) }
-
-// tokenOf returns the token of the grant behind lock (see HolderToken).
+// tokenOf returns the fencing token of the grant that holds lock, a
+// Mutex's or an Election's lock key as read from Consul: the ModifyIndex of
+// the write that acquired it (a later write by the holder, such as a poke,
+// moves it). For a key held by api.Lock or `consul lock`, it is the key's
+// ModifyIndex too.
 func tokenOf(lock *api.KVPair) uint64 { return lock.ModifyIndex }
 
 // parseEntry parses "<session> <index>" as the queue entry of that session

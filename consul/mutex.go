@@ -89,9 +89,6 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	}, nil
 }
 
-// Name returns the lock's name.
-func (m *Mutex) Name() string { return m.name }
-
 // Lock waits until the lock is granted (first come, first served among
 // holdfast waiters), ctx is done, or the session ends. It returns within
 // milliseconds of ctx ending, even if Consul cannot be reached: the error

@@ -20,20 +20,20 @@ import (
 )
 
 const (
-	// DefaultTTL is the session TTL when WithTTL is not given.
-	DefaultTTL = 15 * time.Second
+	// defaultTTL is the session TTL when WithTTL is not given.
+	defaultTTL = 15 * time.Second
 	// MinTTL is the shortest session TTL Consul accepts (the server's default
 	// session_ttl_min).
 	MinTTL = 10 * time.Second
 	// MaxTTL is the longest session TTL Consul accepts.
 	MaxTTL = 24 * time.Hour
-	// DefaultLockDelay is Consul's own default lock-delay.
-	DefaultLockDelay = 15 * time.Second
+	// defaultLockDelay is Consul's own default lock-delay.
+	defaultLockDelay = 15 * time.Second
 	// MaxLockDelay is the longest lock-delay Consul applies.
 	MaxLockDelay = 60 * time.Second
-	// DefaultSessionName is the session name when WithSessionName is not
+	// defaultSessionName is the session name when WithSessionName is not
 	// given.
-	DefaultSessionName = "holdfast"
+	defaultSessionName = "holdfast"
 )
 
 const (
@@ -73,7 +73,7 @@ type sessionConfig struct {
 // SessionOption configures NewSession.
 type SessionOption func(*sessionConfig)
 
-// WithTTL sets the session TTL (default DefaultTTL). Consul accepts MinTTL
+// WithTTL sets the session TTL (default 15 s). Consul accepts MinTTL
 // (10 s) to MaxTTL (24 h); anything else is an error wrapping
 // holdfast.ErrInvalidTTL, returned before any request. A holder that crashes
 // keeps its locks until Consul invalidates its session, which happens between
@@ -101,8 +101,8 @@ func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
 }
 
-// WithLockDelay sets the session's lock-delay (default DefaultLockDelay, 15
-// s, Consul's default). After Consul invalidates a session (TTL expiry,
+// WithLockDelay sets the session's lock-delay (default 15 s, Consul's
+// default). After Consul invalidates a session (TTL expiry,
 // destroy, failed health check), the keys it held cannot be acquired by
 // anyone for that long; a normal Unlock imposes no delay. 0 disables it: it
 // is really sent as "0s" (the Go API client cannot express 0). More than
@@ -144,7 +144,7 @@ func WithNodeChecks(ids ...string) SessionOption {
 }
 
 // WithSessionName sets the session's name, as shown by Consul (default
-// DefaultSessionName).
+// "holdfast").
 func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
 
 // WithObserver adds an observer of the session's events (grants, their
@@ -169,10 +169,10 @@ func WithLogger(l *slog.Logger) SessionOption {
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{
-		ttl:       DefaultTTL,
-		lockDelay: DefaultLockDelay,
+		ttl:       defaultTTL,
+		lockDelay: defaultLockDelay,
 		behavior:  api.SessionBehaviorDelete,
-		name:      DefaultSessionName,
+		name:      defaultSessionName,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -553,9 +553,6 @@ func (s *Session) Client() *api.Client { return s.client }
 
 // TTL returns the session TTL.
 func (s *Session) TTL() time.Duration { return s.cfg.ttl }
-
-// LockDelay returns the session's lock-delay.
-func (s *Session) LockDelay() time.Duration { return s.cfg.lockDelay }
 
 // Context is cancelled when the session ends; context.Cause tells why (an
 // error wrapping holdfast.ErrSessionLost, or holdfast.ErrSessionClosed after

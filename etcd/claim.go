@@ -64,12 +64,6 @@ func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
-// Name returns the claim's name.
-func (o *Once) Name() string { return o.name }
-
-// Schedule returns the claim's schedule.
-func (o *Once) Schedule() holdfast.Schedule { return o.sched }
-
 // Claim claims the period that this process's wall clock is in now
 // (Schedule.Period(time.Now())).
 func (o *Once) Claim(ctx context.Context) (*Claim, error) {

@@ -410,41 +410,30 @@ func isBackoffRetry(fd *ast.FuncDecl) bool {
 // pausers returns the package's sleep helpers: functions and methods
 // (by name; methods as .m) that pause without a loop of their own.
 func pausers(files []*ast.File) map[string]bool {
-	type fn struct{ pauses bool }
-	fns := map[string]*fn{}
+	out := map[string]bool{}
 	for _, f := range files {
 		for _, d := range f.Decls {
 			fd, ok := d.(*ast.FuncDecl)
 			if !ok || fd.Body == nil || isBackoffRetry(fd) {
 				continue
 			}
-			loops := false
-			x := &fn{}
+			loops, pauses := false, false
 			ast.Inspect(fd.Body, func(n ast.Node) bool {
 				switch n := n.(type) {
 				case *ast.ForStmt, *ast.RangeStmt:
 					loops = true
 				case *ast.CallExpr:
-					if timePause(n) != "" {
-						x.pauses = true
-					}
+					pauses = pauses || timePause(n) != ""
 				}
 				return true
 			})
-			if loops {
-				continue
+			if pauses && !loops {
+				key := fd.Name.Name
+				if fd.Recv != nil {
+					key = "." + key
+				}
+				out[key] = true
 			}
-			key := fd.Name.Name
-			if fd.Recv != nil {
-				key = "." + key
-			}
-			fns[key] = x
-		}
-	}
-	out := map[string]bool{}
-	for k, x := range fns {
-		if x.pauses {
-			out[k] = true
 		}
 	}
 	return out

@@ -21,14 +21,14 @@ import (
 // session cannot lock the name again before the store has seen the end of
 // this grant).
 type Grant struct {
-	key     string
-	token   holdfast.Token
-	keeper  *Keeper
-	bg      *Background
-	ctx     *grantContext
-	cancel  context.CancelCauseFunc
-	rel     Releaser
-	done    func()
+	key    string
+	token  holdfast.Token
+	keeper *Keeper
+	bg     *Background
+	ctx    *grantContext
+	cancel context.CancelCauseFunc
+	rel    Releaser
+	done   func()
 
 	mu       sync.Mutex
 	count    int  // reentrant holds; 0 once released or lost

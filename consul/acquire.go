@@ -71,13 +71,10 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 	return g, nil
 }
 
-// The Mutex's and the Election's acquisition (queue.go) is a joiner.
-
-func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) { return a.run(ctx, try) }
+// The Mutex's and the Election's acquisition (queue.go: join) is a joiner.
 
 func (a *acquisition) cleanup() (leftover, bool, bool) {
-	m := a.m
-	return leftover{name: m.name, lockKey: m.lockKey, queueKey: m.queueKey, m: m}, a.left, a.uncertain
+	return leftover{name: a.m.name, m: a.m}, a.left, a.uncertain
 }
 
 func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {

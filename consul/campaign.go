@@ -7,22 +7,10 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// campaign is how an Election's Campaign takes the lock key: it waits in
-// the Mutex's queue (queue.go: acquisition.run, whose steps it shares) and
-// differs only in what it writes and how its grant ends:
-//
-//  1. Join and wait as a Mutex's Lock (queue.go, steps 1 to 4).
-//  2. Take office at the head of the queue, when the key is free (step 6):
-//     create the key anew with value, the leader's proposal: a delete-cas
-//     of the free key as seen (or a check that it is absent) and an
-//     acquire, in one txn. So the key's LockIndex is 1 and the term (the
-//     acquire's ModifyIndex) stays readable as its CreateIndex after
-//     Proclaim.
-//  3. Handed the key by a Mutex holder (step 5): retake it, deleting and
-//     re-creating it with value (a new term).
-//  4. Resign (the grant's Unlock: lockHold with resign): a guarded delete of
-//     the key with our entry, never a handoff; the waiter linked behind us
-//     is woken (its anchor on us is deleted) and takes it at step 2.
+// campaign is how an Election takes the lock key in the Mutex's queue: the
+// head creates the key anew with value, a handoff from a Mutex holder is
+// retaken with value, and the grant resigns instead of handing over
+// (docs/DESIGN.md, "Elections", steps 3-5).
 func campaign(value []byte) taking {
 	return taking{
 		write: func(m *Mutex, seen *api.KVPair) api.TxnOps {

@@ -21,26 +21,12 @@ const ClaimFlags uint64 = 0x686f6c64636c6d01
 // Once is a once-per-period claim on Consul: the first claimant of a period
 // runs, every other claimant is refused at once with an error wrapping
 // holdfast.ErrClaimed (see holdfast.Schedule for AtLeast, AtMost and the
-// periods).
-//
-// Two keys, both flagged ClaimFlags: the record "<name>/.claim", held by no
-// session, whose value is the last period claimed (it stays when the run
-// ends: the one key a claim leaves, about 30 bytes), and the run's mark
-// "<name>/.run", acquired by a Consul session of its own (never renewed,
-// TTL AtMost/2, behavior delete, lock-delay 0, no health checks; Consul
-// invalidates it between TTL and 2 x TTL after its creation, later only if
-// a leader election re-arms the timer; Unlock destroys it). A claim reads
-// the record, then, if it is older than its period, creates the session and
-// in one transaction sets the record by check-and-set on the index it read
-// and acquires the mark if no run holds one; a record moved since the read
-// is read again. So a period is claimed once whatever the delays, and a
-// run that outlasts its period makes the next ones skip, until it ends or
-// AtMost frees its mark. The holdfast Session only carries the requests.
-//
-// A claim key of an older holdfast ("<name>/.claim" held by a session, with
-// a JSON value) refuses every claim until its session ends (AtMost); the
-// record then replaces it. An older holdfast is refused for ever once a
-// record exists: upgrade every replica of a name together.
+// periods). Its keys, flagged ClaimFlags: the record "<name>/.claim" (the
+// last period claimed; it stays, about 30 bytes) and the run's mark
+// "<name>/.run", held by a claim session of its own (TTL AtMost/2, never
+// renewed). The steps are in docs/DESIGN.md ("Once-per-period claims").
+// A claim key of an older holdfast (held by a session, JSON value) refuses
+// every claim until its session ends; upgrade every replica together.
 type Once struct {
 	s      *Session
 	name   string
@@ -77,15 +63,12 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 
 // ClaimPeriod claims the period that starts at period. It returns the
 // claim, or at once an error wrapping holdfast.ErrClaimed if the record
-// holds this period or a later one, or a run holds the mark; one wrapping
-// holdfast.ErrPeriodOver (and ErrClaimed) if period+Every had passed when
-// it was called (no request) or when the answer came (the period is then
-// recorded, and skipped). It costs a consistent read, and unless that
-// refuses, a session creation and one transaction (more if other claims
-// move the record meanwhile). ctx bounds them. A session that ends up
-// unused, or whose creation got no answer (looked up by its unique name),
-// is destroyed before it returns (bounded by 2 s; else in the background
-// while the holdfast session lives, and by its TTL anyway).
+// holds this period or a later one or a run holds the mark, and one
+// wrapping holdfast.ErrPeriodOver (and ErrClaimed) if period+Every had
+// passed when it was called or answered (the period is then recorded). It
+// costs a consistent read, a session creation and one transaction, bounded
+// by ctx; a session it does not use is destroyed before it returns (within
+// 2 s, else in the background).
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)

@@ -11,14 +11,14 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// leftover is what a failed acquisition may have left in Consul: our queue
-// key, and the lock key if our session may hold it (an acquire whose outcome
-// we did not learn, or a handoff to us while we were giving up).
+// leftover is what a failed acquisition of name may have left in Consul:
+// m's queue entry, and its lock key if our session may hold it (an acquire
+// whose outcome we did not learn, or a handoff to us while we gave up).
 type leftover struct {
-	name, lockKey, queueKey string
-	m                       *Mutex // the Mutex behind the keys above
+	name string
+	m    *Mutex
 	// fn, if set, is the cleanup itself (a Semaphore's or RWMutex's: see
-	// permits.leave); the keys above are then unused.
+	// permits.leave); m is then unused.
 	fn func(context.Context) error
 }
 
@@ -56,17 +56,11 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 	return done
 }
 
-// sweepLater removes what a write of a failed acquisition whose outcome we
-// did not learn (no answer: a slow link, a frozen agent) left if it lands
-// after the cleanup has run: a queue entry that a holder would hand the
-// lock to, with no Lock call behind it, so that the lock stays with our
-// session and every waiter behind it waits until our session ends. A
-// background task of the session runs the cleanup again after each of
-// sweepDelays (the Semaphore's), each time once no acquisition, cleanup
-// or grant of ours uses the name (it takes the in-process name slot: an
-// acquisition of ours that uses the name meanwhile replaces any leftover
-// entry with its own), retried until Consul answers, while the session
-// lives.
+// sweepLater runs l's cleanup again after each of sweepDelays, for a write
+// of a failed acquisition that got no answer and may land after the first
+// cleanup (a queue entry with no Lock behind it would keep the lock for our
+// session). Each run takes the name's slot, and is retried until Consul
+// answers, while the session lives (docs/DESIGN.md, "Consul acquire").
 func (s *Session) sweepLater(l leftover) {
 	s.abandon(l) // and Close sweeps once more, for a request that lands later still
 	s.bg.Go(func(ctx context.Context) {
@@ -112,7 +106,7 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		return err
 	case e == nil:
 	case e.Session == s.id:
-		if err := s.releaseKey(ctx, l.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+		if err := s.releaseKey(ctx, l.m.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return err
 		}
 	case e.Session == "" && e.Flags == api.LockFlagValue:
@@ -120,7 +114,7 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		// invalidated: nobody else would delete it, so the last one to
 		// give up does, if it is still free (a CAS: someone may be
 		// taking it). A lock-delay on it outlives the key in Consul.
-		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.lockKey, e.ModifyIndex)})
+		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey, e.ModifyIndex)})
 	}
 	return nil
 }

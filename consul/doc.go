@@ -40,14 +40,8 @@
 // cancelled at a safe local deadline, before Consul could invalidate the
 // session and let another client in (see [WithMargin] for the assumptions,
 // and [WithNodeChecks] for the trade-off of health checks). The lock-delay
-// is configurable down to 0 ([WithLockDelay]).
-//
-// How fast a loss is noticed: a destroyed or invalidated session within
-// milliseconds (a blocking query on the session); a lock key deleted or
-// taken over from outside within TTL/3 (5 s at the default TTL: the session
-// checks its held keys after every renewal, in one read per 64 keys), or at
-// once when a guarded write or Unlock of the session finds a key gone. A
-// held lock costs no goroutine and about 1.4 KiB.
+// is configurable down to 0 ([WithLockDelay]). A held lock costs no
+// goroutine and about 1.4 KiB; how fast a loss is noticed: see [Session].
 //
 // # Locks
 //

@@ -12,33 +12,14 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// Election is a leader election on Consul, on Consul's documented pattern:
-// the leader is the session that holds the key "<name>/.lock" (acquired
-// with the session, flagged like api.Lock's), and the key's value is the
-// leader's proposal. So api.Lock on that key, or `consul lock <name>`,
-// excludes holdfast candidates and the other way round, and anyone who
-// reads the key (a watch on it, say) sees the leader's value.
-//
-// Candidates wait in the Mutex's FIFO queue ("<name>/.queue/<session ID>",
-// see Mutex); the head of the queue takes the key when it is free, and
-// retries right when the previous holder's lock-delay ends (to the
-// millisecond) after that holder's session was invalidated. Unlike a
-// Mutex, a leader hands nothing over: resigning deletes the key (guarded by
-// our session holding it), and the head of the queue takes it. The
-// campaign's steps are in campaign.go.
-//
-// The leader's term is its grant's token: the ModifyIndex of the write that
-// acquired the key. A holdfast candidate acquires by creating the key anew
-// (deleting a free key left by an earlier holder in the same transaction),
-// so the term stays readable as the key's CreateIndex after Proclaim writes
-// a new value: Leader and Observe report CreateIndex when the key's
-// LockIndex is 1 (created by its acquisition; 0 after a plain write to a
-// held key), and ModifyIndex otherwise (api.Lock holders that acquired an
-// existing key, and never write it while they hold it).
-//
-// An Election belongs to one Session: Campaign calls through one Session on
-// one name take turns in-process (a second Campaign waits until the first
-// one's leadership ends).
+// Election is a leader election on Consul's documented pattern: the leader
+// is the session that holds "<name>/.lock" (flagged like api.Lock's, so
+// api.Lock and `consul lock` exclude holdfast candidates and the other way
+// round), and the key's value is its proposal. Candidates wait in the
+// Mutex's FIFO queue; resigning deletes the key, handing nothing over. The
+// term is the ModifyIndex of the write that took the key, readable as its
+// CreateIndex after Proclaim (docs/DESIGN.md, "Elections"). An Election
+// belongs to one Session; Campaign calls through it take turns.
 type Election struct {
 	m *Mutex // the lock key and the queue; Lock is never called on it
 
@@ -61,18 +42,12 @@ func NewElection(s *Session, name string) (*Election, error) {
 func (e *Election) Name() string { return e.m.name }
 
 // Campaign queues this session as a candidate and waits until it holds the
-// lock key with value as the key's value (candidates of holdfast win in
-// order of arrival; api.Lock clients may take the key ahead of them when it
-// is free), ctx ends, or the session ends. It returns within milliseconds of
-// either, even if Consul cannot be reached, and what it left in Consul is
-// removed by the session in the background (see Mutex.Lock). The
-// leadership grant's Token is the term, its Context ends when leadership is
-// lost, and its Unlock (or Resign) deletes the key, guarded by our session
-// holding it.
-//
-// A holdfast Mutex on the same name hands its lock to the head of the
-// queue, candidate or not: a candidate that is handed the key writes it
-// anew with value (a new term) before it returns.
+// lock key with value (holdfast candidates win in order of arrival; api.Lock
+// clients may take a free key ahead of them), ctx ends, or the session ends,
+// with the errors and cleanup of Mutex.Lock. The grant's Token is the term,
+// its Context ends when leadership is lost, and its Unlock (or Resign)
+// deletes the key, guarded by our session holding it. A key handed over by
+// a holdfast Mutex on the same name is written anew with value (a new term).
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	g, err := e.m.acquire(ctx, false, campaign(value))
 	if err != nil {
@@ -186,20 +161,13 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 }
 
 // Observe delivers the current leader (the zero holdfast.Leader if there is
-// none), then every change it sees, until ctx or the session ends; then the
-// channel is closed. A nil ctx gives a closed channel.
-//
-// It follows the lock key with blocking queries, so on Consul it may
-// coalesce changes: leaders that come and go between two answers of
-// Consul (or while the reader is slow: the channel holds only the latest
-// state, so a slow reader skips to it) are not seen. What it delivers is in
-// order of terms, and "no leader" (the zero Leader) is delivered whenever
-// it sees the key free or absent. A candidate is reported once it holds the
-// lock key: its Campaign has returned, or would have but for its ctx ending
-// while its acquiring request was in flight (it then releases the key in
-// the background). A candidate whose Campaign ended before its turn sends
-// no further request, so it never holds the key. A value changed by Proclaim is delivered
-// again with the same term. A store outage is retried, not reported.
+// none), then every change it sees, in order of terms, until ctx or the
+// session ends; then the channel is closed (at once for a nil ctx). It
+// follows the key with blocking queries: changes between two answers, or
+// while the reader is slow (the channel holds only the latest state),
+// coalesce; "no leader" is delivered whenever the key is seen free, and a
+// Proclaim's value again with the same term. A store outage is retried,
+// not reported.
 func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
 	out := make(chan holdfast.Leader)
 	if ctx == nil {

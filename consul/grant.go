@@ -13,38 +13,14 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// Grant is a held Consul lock. It implements holdfast.Grant.
-//
-// A Consul grant is "our session holds the lock key": it lasts while the
-// key "<name>/.lock" has our session (Consul's Session field), from the write
-// that acquired it until Unlock or a loss. Within one session, only one grant
-// of a name exists at a time (the session frees the name only after the
-// grant's release reached Consul), so the session alone identifies the
-// grant. Accordingly:
-//
-//   - Unlock, and the handoff to the next waiter, are guarded by a
-//     check-session of the lock key, not by its index;
-//   - a write to the key that keeps our session (a "poke" such as Consul's
-//     own lock tests make, KV().Put of the pair with a new value) does not
-//     end the grant, and Unlock still frees the key;
-//   - the key's flags are not part of the guard (Consul's transactions
-//     cannot check them, and api.Lock's monitor does not either); a lock
-//     key found with other flags is refused by the next Lock, with
-//     holdfast.ErrConflict;
-//   - the grant is lost when the session ends, or when the key is deleted or
-//     taken over by another session from outside; the session notices that
-//     within TTL/3 (see Session).
-//
-// The token is the ModifyIndex of the write that acquired the key (a Raft
-// index, so tokens of successive grants strictly increase); it does not
-// change when the key is poked.
-//
-// A Semaphore's permit and an RWMutex's read or write grant are Grants too,
-// with the holder's contender key "<name>/<session ID>" in place of the lock
-// key: Key returns it, Guard and Txn check that our session holds it, the
-// session's check of held keys watches it, and Unlock removes us from the
-// holders (handing the permit on) and deletes it. Their token is the
-// ModifyIndex of the lock-key write that admitted them (see Semaphore).
+// Grant is a held Consul lock, permit or leadership; it implements
+// holdfast.Grant. It lasts while our session holds its key (Key: the lock
+// key "<name>/.lock", or a permit's contender key "<name>/<session ID>"):
+// a write that keeps our session (a poke) does not end it; the session's
+// end, or the key deleted or taken over from outside (noticed within
+// TTL/3), does. Its token is the ModifyIndex of the write that granted it.
+// Unlock, the handoff and Txn are guarded by a check-session of the key
+// (docs/DESIGN.md, "Lock names and key layout").
 type Grant struct {
 	base   *core.Grant // key, token, context, reentrancy; ends it through ending
 	s      *Session
@@ -108,25 +84,15 @@ func (g *Grant) Guard() api.TxnOps {
 }
 
 // Txn runs ops in one Consul transaction (/v1/txn) that applies only while
-// the grant is held, checked by Consul in the same transaction (see Guard).
-//
-// ops must not touch the lock's own keys (anything under "<name>/": the
-// lock key and the queue), nor delete a tree that holds them: such ops
-// (even reads) are refused with an error wrapping
-// holdfast.ErrInvalidArgument before any request, as are an empty list, more
-// than MaxTxnOps-1 ops, and nil ops.
-//
-// If the grant was released or lost, locally or in Consul, nothing is
-// applied and the error wraps holdfast.ErrNotHeld (a guard that fails in
-// Consul also ends the grant, and makes the session check its other keys).
-// If one of ops fails (a cas on a stale index, say), nothing is applied
-// either: the error describes the failures, and the response is returned
-// too, with the indexes in its Errors counted in ops. On success the
-// response's Results are those of ops (the guard's is removed). An ACL
-// refusal is an error wrapping holdfast.ErrPermissionDenied. If the request
-// itself fails (a network error, or ctx or the 10 s client-side timeout ends
-// first), the transaction may or may not have been applied, as with any
-// Consul write.
+// the grant is held (Guard first). Refused before any request, with an
+// error wrapping holdfast.ErrInvalidArgument: no ops, more than
+// MaxTxnOps-1, a nil op, or one that touches the lock's own keys under
+// "<name>/" (or deletes a tree that holds them). If the grant is not held,
+// nothing is applied and the error wraps holdfast.ErrNotHeld (a guard that
+// fails in Consul ends the grant). If one of ops fails, nothing is applied
+// and the response comes with the error, its Errors indexed in ops; on
+// success its Results are those of ops. An ACL refusal wraps
+// holdfast.ErrPermissionDenied; a request without answer may have applied.
 func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)

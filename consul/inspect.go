@@ -15,24 +15,13 @@ import (
 )
 
 // Inspect reads what Consul holds of name, writing nothing: the kind of
-// primitive (from the lock key's flags and value), its holders and waiters
-// in order with their tokens and sessions (TTL and lock-delay; Consul does
-// not say how long a session has left), and whether holdfast or a native
-// client (api.Lock, `consul lock`, api.Semaphore, `consul lock -n`) wrote
-// each key. holdfast's bookkeeping (the tail key, the queue's links and
-// marks, the holder's own entry, the values that mark permits) is read,
-// never shown as data.
-//
-// It costs one consistent read of the keys under "<name>/" and one session
-// lookup per contender. A lock key with an empty value is a lock's (as
-// api.Lock and `consul lock` write it); one whose value holdfast does not
-// write is an election's, whose value is the leader's proposal and whose
-// origin is unknown (holdfast's Election and an api.Lock elector write the
-// same). A free lock or election leaves no key behind: its kind is then
-// holdfast.KindUnknown. A claim's keys (see Once) give holdfast.KindClaim,
-// its last period and the run, if any. Errors: an invalid name wraps
-// holdfast.ErrInvalidName (before any request), an ACL refusal
-// holdfast.ErrPermissionDenied.
+// primitive (holdfast.KindUnknown for a free lock or election, which leaves
+// no key), its holders and waiters in order with their tokens and sessions
+// (TTL and lock-delay), whether holdfast or a native client wrote each key,
+// and the keys that are not the primitive's (Other). It costs one
+// consistent read of "<name>/" and one session lookup per contender
+// (docs/DESIGN.md, "Reading a name"). An invalid name is an error wrapping
+// holdfast.ErrInvalidName, an ACL refusal holdfast.ErrPermissionDenied.
 func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, error) {
 	if ctx == nil || c == nil {
 		return nil, fmt.Errorf("%w: nil context or client", holdfast.ErrInvalidArgument)

@@ -15,22 +15,11 @@ import (
 // Foreign holders (api.Lock, `consul lock`) write other values.
 const valueTaken = "holdfast"
 
-// The queue (docs/DESIGN.md, "Consul acquire"): each contender's entry
-// "<name>/.queue/<session>", acquired with its session, lives from the
-// moment it queues until its grant ends (the holder's entry stays while it
-// holds). Under an entry E of session S:
-//
-//   - E + nextInfix + W: the link of the waiter W right behind E, written by
-//     W and acquired with W's session (value: W's entry's CreateIndex), so
-//     that S knows whom to hand the lock to without a read;
-//   - E + prevInfix + P: S's anchor on its predecessor P, written by S and
-//     acquired with P's session: it goes when P's session ends, or is
-//     deleted when P leaves the queue, which wakes S;
-//   - E + heldSuffix: written by the handoff that grants S the lock, in the
-//     same transaction (its ModifyIndex is the token).
-//
-// A waiter blocks on its own entry's subtree only: one notification tells
-// it its grant, its successor, or its predecessor's end.
+// The keys under a queue entry E (docs/DESIGN.md, "Consul acquire"):
+// E/next/<W>, the link of the waiter W right behind E (acquired with W's
+// session, value W's CreateIndex); E/prev/<P>, E's anchor on its
+// predecessor P (acquired with P's session: it goes when P leaves or its
+// session ends, which wakes E); E/held, written by the handoff to E.
 const (
 	nextInfix  = "/next/"
 	prevInfix  = "/prev/"
@@ -66,25 +55,11 @@ func (m *Mutex) parseEntry(s string) (waiter, bool) {
 	return m.entry(session, index), true
 }
 
-// The tail key "<name>/.tail" names the queue entry created last:
-// "<session>" (the entry's CreateIndex is the tail's ModifyIndex: both are
-// written by the same transaction, see enqueue) or "<session> <index>"
-// (written by a repair, see Mutex.repairTail, or a re-lock, see
-// Mutex.relockTail). Queuing up sets it and reads
-// what it was in one transaction, so entries are created one at a time and
-// each new waiter learns its predecessor without reading the queue. It is
-// absent only while nobody queues or holds through the queue: it is
-// deleted, guarded by its index, with the last entry (a release that finds
-// nobody behind it, a repair that finds no live entry).
-//
-// The tail key is acquired with the session of the entry it names (a
-// delete then a lock, in the transaction that writes it), so that Consul
-// deletes it with that session's other keys when it invalidates the
-// session (Behavior delete): a contender cut off for good leaves no tail
-// naming it. While a lock-delay is in effect on the tail key (its last
-// holder's session was invalidated), it is written plain instead (see
-// tailOps), and acquired once the delay ends (see relockTail); a reader
-// treats both alike.
+// tailSuffix makes the tail key "<name>/.tail": it names the entry created
+// last, "<session>" (its CreateIndex is the tail's ModifyIndex) or
+// "<session> <index>", and is acquired with that entry's session (plain
+// during a lock-delay: see relockTail); absent while nobody queues
+// (docs/DESIGN.md, "Consul acquire").
 const tailSuffix = "/.tail"
 
 // tailEntry returns the entry that the tail key names (ok false if absent

@@ -28,27 +28,15 @@ const (
 // excludes holdfast's Mutex on name and the other way round.
 func LockKey(name string) string { return name + lockSuffix }
 
-// Mutex is a distributed, fair (FIFO), fenced lock on Consul.
-//
-// The lock is the key "<name>/.lock", acquired with the session and flagged
-// like api.Lock's (api.LockFlagValue), so api.Lock and `consul lock` users of
-// the same key exclude holdfast and the other way round. holdfast waiters
-// queue under "<name>/.queue/<session ID>" ("<name>/.tail" names the last
-// one while somebody queues); a release wakes one waiter, and what an
-// acquisition costs does not grow with the queue (see docs/DESIGN.md).
-// Foreign clients do not queue: they get the lock only when it is free and
-// no holdfast waiter queues. Consul's lock never lets two sessions hold it.
-//
-// Names nest as on etcd: a Mutex on "a" fails with holdfast.ErrConflict if
-// it finds a live lock under "a/" (a key held by a session, such as
-// "a/b/.lock" while "a/b" is held), and leaves nothing behind. Keys that no
-// session holds (plain data such as "a/config", the key of an api.Semaphore
-// contender whose session ended) are nobody's lock: they are ignored and
-// left alone.
-//
-// A Mutex belongs to one Session. Lock and TryLock may be called from many
-// goroutines: through one Session, acquisitions of the same name take turns
-// in-process, since they share one queue key.
+// Mutex is a distributed, fair (FIFO), fenced lock on Consul: the key
+// "<name>/.lock", acquired with the session and flagged like api.Lock's, so
+// api.Lock and `consul lock` on that key exclude it and the other way round
+// (they do not queue: they get the lock when it is free and no holdfast
+// waiter queues). holdfast waiters queue under "<name>/.queue/"; a release
+// wakes one waiter (docs/DESIGN.md, "Consul acquire"). A live lock of a
+// longer name under "<name>/" is holdfast.ErrConflict; keys no session
+// holds are ignored. A Mutex belongs to one Session and may be used from
+// many goroutines: acquisitions of a name through one Session take turns.
 type Mutex struct {
 	s           *Session
 	name        string
@@ -90,21 +78,15 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 }
 
 // Lock waits until the lock is granted (first come, first served among
-// holdfast waiters), ctx is done, or the session ends. It returns within
-// milliseconds of ctx ending, even if Consul cannot be reached: the error
-// then matches ctx's error; it wraps holdfast.ErrSessionLost or
-// holdfast.ErrSessionClosed if the session ended the wait, and
-// holdfast.ErrConflict if the key is not a lock's or keys of a longer name
-// lie under "<name>/". Whatever the call left in Consul (its queue key, or
-// the lock key if an acquire of unknown outcome took it, or a holder handed
-// it over as the call gave up) is removed by the session in the background,
-// as soon as Consul can be reached, while the session lives; if a request
-// of the call got no answer, the session looks again about 0.25, 1.25,
-// 4.25 and 14.25 s later, for a request that reached Consul after the call
-// gave up, and once more as it closes. Lock waits for that removal before
-// it returns, but never more than 50 ms after ctx has
-// ended, so on a reachable Consul a failed Lock usually leaves nothing. The
-// same session locks the name again only after that removal.
+// holdfast waiters), ctx is done, or the session ends, and returns within
+// milliseconds of ctx ending even if Consul cannot be reached. The error
+// then matches ctx's; it wraps holdfast.ErrSessionLost or ErrSessionClosed
+// if the session ended the wait, and holdfast.ErrConflict if the key is not
+// a lock's or a live lock of a longer name lies under "<name>/". What a
+// failed Lock left in Consul is removed by the session in the background
+// (looked for again later if a request got no answer); Lock waits for that
+// up to 50 ms after ctx ended, and the session locks the name again only
+// after it.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
 
 // TryLock takes the lock only if nobody holds it or waits for it, and
@@ -129,7 +111,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, erro
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, rel: a.hold(token)}
+	g := &Grant{s: m.s, prefix: m.prefix, rel: a.hold()}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), (*ending)(g), free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {

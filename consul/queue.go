@@ -101,9 +101,8 @@ var lockTaking = taking{
 }
 
 // hold returns the grant's releaser: what its Unlock does.
-func (a *acquisition) hold(token uint64) releaser {
-	return &lockHold{m: a.m, resign: a.how.resign, next: a.next, token: token,
-		queueIndex: a.queueIndex, tailIndex: a.tailIndex, mine: a.mine}
+func (a *acquisition) hold() releaser {
+	return &lockHold{m: a.m, resign: a.how.resign, next: a.next, tailIndex: a.tailIndex, mine: a.mine}
 }
 
 // outcome is what an attempt to acquire the lock key came to.
@@ -115,12 +114,12 @@ const (
 	delayed                // a lock-delay is in effect on it
 )
 
-// run is the waiting algorithm of the Mutex and the Election (the
-// acquisition's join, TryLock's if try): it returns the token. Its steps
+// join is the waiting algorithm of the Mutex and the Election (TryLock's
+// if try): it returns the token. Its steps
 // are in docs/DESIGN.md ("Consul acquire"), numbered as below. ctx ends
-// with the session; what a failed run left is removed by the driver (see
+// with the session; what a failed join left is removed by the driver (see
 // left).
-func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
+func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) {
 	if try {
 		return a.try(ctx)
 	}
@@ -149,14 +148,8 @@ func (a *acquisition) run(ctx context.Context, try bool) (uint64, error) {
 // holdfast.ErrLocked.
 func (a *acquisition) try(ctx context.Context) (uint64, error) {
 	m := a.m
-	v, err := a.read(ctx)
+	v, err := m.readChecked(ctx)
 	if err != nil {
-		return 0, err
-	}
-	if err := m.deadLock(ctx, v.lock); err != nil {
-		return 0, err
-	}
-	if err := m.compatible(v); err != nil {
 		return 0, err
 	}
 	m.s.dropDead(ctx, v.dead) // else nobody may read them again: left for good
@@ -209,7 +202,7 @@ func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	if a.pred != nil && a.linked {
 		drop = api.TxnOps{kvOp(api.KVDelete, a.pred.key+nextInfix+m.s.id)}
 	}
-	v, err := a.read(ctx, drop...)
+	v, err := m.read(ctx, drop...)
 	if err != nil {
 		return nil, err
 	}
@@ -253,10 +246,7 @@ func (a *acquisition) block(ctx context.Context) (uint64, error) {
 	case v.anchor == nil || v.anchor.Session != a.pred.session:
 		// Our predecessor left, or its session ended (then it may have
 		// held the lock: its lock-delay applies from now).
-		a.notBefore, a.guess, a.pause = time.Time{}, false, 0
-		if v.anchor != nil && a.known && a.holder == a.pred.session {
-			a.notBefore = time.Now().Add(a.delay)
-		}
+		a.delayFrom(v.anchor != nil && a.holder == a.pred.session)
 		a.lost = true
 	}
 	return 0, nil
@@ -392,12 +382,18 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 		return nil, err
 	}
 	if free(next) {
-		a.notBefore, a.guess, a.pause = time.Time{}, false, 0
-		if a.known {
-			a.notBefore = time.Now().Add(a.delay)
-		}
+		a.delayFrom(true)
 	}
 	return next, nil
+}
+
+// delayFrom forgets the end of a lock-delay we waited for; if started, the
+// delay of the holder we saw (if known) starts now.
+func (a *acquisition) delayFrom(started bool) {
+	a.notBefore, a.guess, a.pause = time.Time{}, false, 0
+	if started && a.known {
+		a.notBefore = time.Now().Add(a.delay)
+	}
 }
 
 // delayLeft is how long to wait after a lock-delay refusal: until the end
@@ -602,22 +598,25 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 		if k != m.lockKey && k != m.tailKey && k != m.queuePrefix {
 			// Another key: a conflict only if it is a live lock (see
 			// Mutex.compatible), which a read of the subtree tells.
-			v, err := a.read(ctx)
-			if err != nil {
-				return nil, err
-			}
-			if err := m.deadLock(ctx, v.lock); err != nil {
-				return nil, err
-			}
-			return names, m.compatible(v)
+			_, err := m.readChecked(ctx)
+			return names, err
 		}
 	}
 	return names, nil
 }
 
-// read returns the subtree of the lock, in one read-only transaction.
-func (a *acquisition) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
-	return a.m.read(ctx, ops...)
+// readChecked reads the subtree, and fails with holdfast.ErrConflict if a
+// live lock of another kind holds the lock key (see Mutex.deadLock) or a
+// live lock lies under the name (see Mutex.compatible).
+func (m *Mutex) readChecked(ctx context.Context) (view, error) {
+	v, err := m.read(ctx)
+	if err == nil {
+		err = m.deadLock(ctx, v.lock)
+	}
+	if err == nil {
+		err = m.compatible(v)
+	}
+	return v, err
 }
 
 // read returns the subtree of the lock, in one transaction, after ops.
@@ -658,17 +657,11 @@ func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
 }
 
 // relockTail acquires the tail key, written plain at index (see tailOps),
-// with session once the lock-delay that refused that ends, naming the
-// entry of session with CreateIndex entry explicitly (its ModifyIndex moves),
-// so that the key goes with that session: a plain tail key would outlive
-// every session (before: TestPlainTailLeftover). It runs in the session's
-// background, retried while the lock-delay lasts (core.Backoff, pauses up
-// to delayRetryMax), and stops once the tail key changed (somebody queued,
-// a release or a repair moved it), the session named ended, or ours did.
-//
-// A grant taken while our own tail key is still plain tries once more at
-// once (see acquisition.plainTail), so that a holder cut off right after
-// its grant leaves nothing either.
+// with session once the lock-delay that refused that ends, naming the entry
+// of session with CreateIndex entry, so that the key goes with that session.
+// It runs in the session's background (core.Backoff, pauses up to
+// delayRetryMax) until it succeeds, the tail key changes, or either session
+// ends (docs/DESIGN.md, "Keys of a dead session", step 2).
 func (m *Mutex) relockTail(session string, entry, index uint64) {
 	m.s.bg.Go(func(ctx context.Context) {
 		_ = core.Backoff{Attempt: requestTimeout, First: delayRetry, Max: delayRetryMax}.Retry(ctx, func(ctx context.Context) error {

@@ -19,19 +19,16 @@ import (
 const linkWait = 250 * time.Millisecond
 
 // lockHold is the release state of a grant taken through the queue (a
-// Mutex's, or an Election's with resign). Used only by the release, which
-// runs once, in one goroutine: the waiter linked behind us (nil: none
-// known), our token, our entry's CreateIndex, the tail key's ModifyIndex
-// when it named our entry last as far as we know (0: absent), and the index
+// Mutex's, or an Election's with resign), used by its one release: the
+// waiter linked behind us (nil: none known), the tail key's ModifyIndex
+// when it last named our entry as far as we know (0: absent), and the index
 // of our entry's subtree as last seen.
 type lockHold struct {
-	m          *Mutex
-	resign     bool
-	next       *waiter
-	token      uint64
-	queueIndex uint64
-	tailIndex  uint64
-	mine       uint64
+	m         *Mutex
+	resign    bool
+	next      *waiter
+	tailIndex uint64
+	mine      uint64
 }
 
 // errStale means that the waiter we meant to hand the lock to, or the tail
@@ -90,18 +87,13 @@ func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 	return err
 }
 
-// pass, the write behind Unlock, hands the lock to the waiter w linked
-// behind us, in one transaction: [check-session of the lock key on our
-// session, delete it and lock it for w's session, check-index of w's
-// entry, write w's held mark, delete w's anchor on us, read our links,
-// delete our entry and its subtree]. w's blocking query on its subtree
-// answers with the mark: it holds, with the ModifyIndex of this write as
-// its token, and knows whom it hands to next (its own link). With resign
-// (an Election's grant) the key is deleted instead, and w, woken by its
-// anchor's deletion, takes it itself.
-//
+// pass, the write behind Unlock, hands the lock to the waiter linked behind
+// us in one transaction (docs/DESIGN.md, "Consul acquire", Unlock): guarded
+// by our session holding the lock key and by the waiter's entry, it moves
+// the key to the waiter's session and writes its held mark (with resign, an
+// Election's, it deletes the key instead, and the woken waiter takes it).
 // A failed check-session is an error wrapping holdfast.ErrNotHeld; a
-// failed check of w is errStale.
+// failed check of the waiter is errStale.
 func (g *lockHold) pass(ctx context.Context) error {
 	s, m, key, w := g.m.s, g.m, g.m.lockKey, *g.next
 	ops := releaseGuard(key, s.id)
@@ -227,19 +219,13 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 	return nil
 }
 
-// leave takes our entry out of the queue, in two steps that a retry can
-// repeat whatever became of the last attempt. First, one transaction reads
-// our entry's subtree, the lock key and the tail key, and deletes our entry
-// and its held mark: nobody links behind it any more (a link is guarded by
-// the entry's index), and the links and anchors under it stay, so the next
-// attempt still knows whom to wake. Then, if there are any, one transaction
-// deletes the anchors on us of the waiters linked behind us (which wakes
-// them: they link themselves again, to the entry ahead of ours) and our
-// link under our predecessor, with the rest of our subtree. (A reader that
-// meets those children under a gone entry deletes them as dead, and wakes
-// the same waiters: see Session.dropDead.) If the tail key names our
-// session, it is repaired (see Mutex.repairTail). It returns the lock key as
-// read.
+// leave takes our entry out of the queue in two transactions that a retry
+// can repeat whatever became of the last attempt (docs/DESIGN.md, "Consul
+// acquire"): one reads our subtree, the lock key and the tail key and
+// deletes our entry and its held mark; one wakes the waiters linked behind
+// us (deleting their anchors on us) and deletes the rest of our subtree. A
+// tail key naming us is repaired (see Mutex.repairTail). It returns the
+// lock key as read.
 func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	s := m.s
 	resp, err := s.txn(ctx, api.TxnOps{

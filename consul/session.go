@@ -81,38 +81,26 @@ type SessionOption func(*sessionConfig)
 func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
 
 // WithMargin sets the safety margin of the local deadline (default TTL/5;
-// from 0 to TTL/2, else an error wrapping holdfast.ErrInvalidTTL). The
-// context of every grant of the session is cancelled at
-//
-//	(send time of the last acknowledged renewal) + TTL - margin
-//
-// on this process's monotonic clock. Consul cannot invalidate the session
-// earlier than TTL after it received that renewal (it actually waits up to
-// 2 x TTL), and the renewal was received after it was sent, so the holder is
-// told before any other client can acquire its locks, provided that this
-// clock and the Consul leader's run at rates that differ by less than
-// margin/TTL (20% by default), and that the holder acts on the cancellation
-// within the rest of the margin. This assumes bounded clock-rate drift, not
-// synchronized clocks: wall-clock steps on either side do not matter.
-//
-// It also assumes the session is invalidated only by its TTL: see
-// WithNodeChecks.
+// from 0 to TTL/2, else an error wrapping holdfast.ErrInvalidTTL): every
+// grant's context is cancelled at (send time of the last acknowledged
+// renewal) + TTL - margin on this process's monotonic clock, before Consul
+// can invalidate the session, provided that this clock and the Consul
+// leader's run at rates that differ by less than margin/TTL (20% by
+// default; wall-clock steps do not matter), that the holder acts on the
+// cancellation within the rest of the margin, and that only the TTL
+// invalidates the session (see WithNodeChecks).
 func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
 }
 
-// WithLockDelay sets the session's lock-delay (default 15 s, Consul's
-// default). After Consul invalidates a session (TTL expiry,
-// destroy, failed health check), the keys it held cannot be acquired by
-// anyone for that long; a normal Unlock imposes no delay. 0 disables it: it
-// is really sent as "0s" (the Go API client cannot express 0). More than
-// MaxLockDelay (60 s), or negative, is an error wrapping
-// holdfast.ErrInvalidArgument. Delays are sent in whole milliseconds.
-//
-// Lock-delay is a second line of defence for holders that do not use their
-// grant's context or fencing tokens: it gives a paused holder that much more
-// time to notice before anyone else gets in. holdfast waiters acquire at the
-// end of the delay (not rounded up to 5 s retry ticks as with api.Lock).
+// WithLockDelay sets the session's lock-delay (default 15 s, Consul's):
+// after Consul invalidates the session (TTL expiry, destroy, failed health
+// check), nobody can acquire the keys it held for that long; a normal
+// Unlock imposes none. It gives a paused holder that does not use its
+// grant's context or token more time to notice. 0 disables it (sent as
+// "0s": the Go API cannot express 0); negative or more than MaxLockDelay
+// (60 s) is an error wrapping holdfast.ErrInvalidArgument. holdfast waiters
+// acquire at the end of the delay, to the millisecond.
 func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig) { c.lockDelay = d } }
 
 // WithBehavior sets what Consul does to the keys the session holds when it
@@ -126,18 +114,13 @@ func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig
 func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.behavior = b } }
 
 // WithNodeChecks ties the session to health checks of the agent's node (for
-// example "serfHealth", which Consul itself uses by default for sessions
-// created without options).
-//
-// The default here is no checks at all: Consul then invalidates the session
+// example "serfHealth", Consul's default for sessions created without
+// options). The default here is none: Consul then invalidates the session
 // only when its TTL runs out (or it is destroyed), which the safe local
-// deadline (see WithMargin) anticipates. A node check favours liveness over
-// safety: when the node is declared failed, the session is invalidated at
-// once, so its locks free up faster, but the server may do so with no
-// advance notice to the holder, which may still be running (a holder on a
-// node that is merely partitioned from the servers, for instance). With node
-// checks, rely on fencing tokens (Grant.Token) or guarded writes (Grant.Txn),
-// not on the grant's context alone.
+// deadline anticipates (see WithMargin). A node check favours liveness over
+// safety: a failed node's session is invalidated at once, with no notice to
+// a holder that may still run (a partitioned node); then rely on fencing
+// tokens (Grant.Token) or guarded writes (Grant.Txn), not on the context.
 func WithNodeChecks(ids ...string) SessionOption {
 	ids = slices.Clone(ids)
 	return func(c *sessionConfig) { c.nodeChecks = ids }
@@ -200,26 +183,16 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	return c, err
 }
 
-// Session is a Consul session renewed in the background. Every lock taken
-// through a Session is acquired with it, so one session and one renewal
-// serve any number of locks. When the session cannot be renewed before its
-// safe local deadline, Consul says it no longer exists, or the Session is
-// closed, the context of every grant is cancelled with the reason. A
-// Session does not come back after that: Close it (which gives its keys back
-// at once if Consul can still be reached) and create a new one.
-//
-// How fast a loss is noticed: a session destroyed or invalidated in Consul
-// is seen within milliseconds, through a blocking query on the session (one
-// per Session). A lock key deleted or taken over from outside while our
-// session held it (an operator's `consul kv delete`, say) is seen by the
-// check of held keys that follows every renewal, so within TTL/3 (5 s at the
-// default TTL), or at once when a guarded write (Grant.Txn) or an Unlock of
-// the session finds one of its keys gone. That check costs one read-only
-// transaction per 64 held keys per renewal, and no goroutine or connection
-// per grant. A write to a held lock key that keeps our session on it (a
-// "poke": a new value, as Consul's own lock tests do) does not end a grant.
-//
-// A Session is safe for concurrent use.
+// Session is a Consul session renewed in the background; every lock taken
+// through it is acquired with it, so one session and one renewal serve any
+// number of locks. When it cannot be renewed before its safe local
+// deadline, Consul says it no longer exists, or it is closed, the context
+// of every grant is cancelled with the reason; it does not come back
+// (Close it and create another). A session destroyed in Consul is noticed
+// within milliseconds (a blocking query); a held key deleted or taken over
+// from outside within TTL/3 (one read per 64 held keys after each
+// renewal), or at once by a guarded write or Unlock that finds it gone. A
+// Session is safe for concurrent use.
 type Session struct {
 	client *api.Client
 	owned  *http.Transport // the transport of a client made by Dial, else nil
@@ -244,22 +217,15 @@ type Session struct {
 	closeErr  error
 }
 
-// Dial creates a Consul API client for the agent at addr ("host:port", or
-// a URL such as "https://host:8501"; "" means api.DefaultConfig's address:
-// $CONSUL_HTTP_ADDR, else 127.0.0.1:8500) and opens a session on it with
-// NewSession. The rest of the client's configuration (token, TLS) comes from
-// the environment as with api.DefaultConfig ($CONSUL_HTTP_TOKEN,
-// $CONSUL_HTTP_TOKEN_FILE, $CONSUL_HTTP_SSL, $CONSUL_CACERT,
-// $CONSUL_CLIENT_CERT, $CONSUL_CLIENT_KEY...), unless WithToken, WithTLS or
-// WithTLSFiles say otherwise. ACL refusals (no token, an unknown token, one
-// without session or key write) are errors wrapping
+// Dial creates a Consul API client for the agent at addr ("host:port", a
+// URL such as "https://host:8501", or "" for api.DefaultConfig's address)
+// and opens a session on it with NewSession. The client's token and TLS
+// come from the environment as with api.DefaultConfig, unless WithToken,
+// WithTLS or WithTLSFiles say otherwise; it belongs to the session (Close
+// closes its connections). Connecting times out after 5 s, the session's
+// creation after 10 s or ctx. ACL refusals are errors wrapping
 // holdfast.ErrPermissionDenied; no error contains the token or key
-// material. The client belongs to the session: Close closes its
-// connections. Connecting and the TLS handshake
-// time out after 5 s; every request of the session is bounded by its own
-// context (non-blocking requests by 10 s at most), and ctx bounds the
-// creation of the session (at most 10 s as well). An unreachable agent is
-// reported at once with the connection error.
+// material; an unreachable agent is reported at once.
 func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)

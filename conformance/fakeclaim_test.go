@@ -115,7 +115,7 @@ func (c *fakeClaimer) ClaimPeriod(ctx context.Context, period time.Time) (holdfa
 		st.delete(run, e)
 		return nil
 	}
-	g := core.NewGrant(keeper, c.sess.bg, run, e.token, release, func() { keeper.End(holdfast.ErrReleased) })
+	g := core.NewGrant(keeper, c.sess.bg, run, e.token, core.ReleaseFunc(release), func() { keeper.End(holdfast.ErrReleased) })
 	if st.bug == bugClaimNoAtLeast {
 		return g, nil
 	}

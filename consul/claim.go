@@ -69,12 +69,6 @@ func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
-// Name returns the claim's name.
-func (o *Once) Name() string { return o.name }
-
-// Schedule returns the claim's schedule.
-func (o *Once) Schedule() holdfast.Schedule { return o.sched }
-
 // Claim claims the period that this process's wall clock is in now
 // (Schedule.Period(time.Now())).
 func (o *Once) Claim(ctx context.Context) (*Claim, error) {
@@ -177,7 +171,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		c := &Claim{o: o, id: id, period: period, made: got}
 		keeper := core.NewKeeper(sent, ttl, ttl/5)
 		endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), c.release, func() {
+		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
 			endWithSession()
 			keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
 		})
@@ -376,9 +370,6 @@ func (c *Claim) Token() holdfast.Token { return c.base.Token() }
 
 // Period returns the start of the period claimed.
 func (c *Claim) Period() time.Time { return c.period }
-
-// Session returns the ID of the claim's own Consul session.
-func (c *Claim) Session() string { return c.id }
 
 // Context implements holdfast.Grant.
 func (c *Claim) Context() context.Context { return c.base.Context() }

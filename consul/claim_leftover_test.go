@@ -39,7 +39,7 @@ func TestClaimSessionLeftover(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			defer cancel()
 			if cl, err := o.Claim(ctx); err == nil {
-				t.Fatalf("claim %v succeeded, want the creation's error", cl.Session())
+				t.Fatalf("claim %v succeeded, want the creation's error", cl.id)
 			}
 			select {
 			case <-f.Fired():

@@ -33,7 +33,7 @@ func TestClaimGuardedTxn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g, err := o.ClaimPeriod(ctx, o.Schedule().Period(time.Now()).Add(-time.Hour)); !errors.Is(err, holdfast.ErrPeriodOver) || !errors.Is(err, holdfast.ErrClaimed) {
+	if g, err := o.ClaimPeriod(ctx, o.sched.Period(time.Now()).Add(-time.Hour)); !errors.Is(err, holdfast.ErrPeriodOver) || !errors.Is(err, holdfast.ErrClaimed) {
 		t.Fatalf("a claim of the last period, over: %v %v, want ErrPeriodOver (and ErrClaimed)", g, err)
 	}
 	cl, err := o.Claim(ctx)
@@ -48,8 +48,8 @@ func TestClaimGuardedTxn(t *testing.T) {
 	if err != nil || rec == nil {
 		t.Fatalf("record: %v %v", rec, err)
 	}
-	if cl.Key() != name+"/.run" || uint64(cl.Token()) != rec.ModifyIndex || pair.Session != cl.Session() || pair.Flags != ClaimFlags || rec.Flags != ClaimFlags || rec.Session != "" {
-		t.Errorf("key %q token %d session %s: want the run key, the record's ModifyIndex %d, held by %s with ClaimFlags (got %x, record %x held by %q)", cl.Key(), cl.Token(), cl.Session(), rec.ModifyIndex, pair.Session, pair.Flags, rec.Flags, rec.Session)
+	if cl.Key() != name+"/.run" || uint64(cl.Token()) != rec.ModifyIndex || pair.Session != cl.id || pair.Flags != ClaimFlags || rec.Flags != ClaimFlags || rec.Session != "" {
+		t.Errorf("key %q token %d session %s: want the run key, the record's ModifyIndex %d, held by %s with ClaimFlags (got %x, record %x held by %q)", cl.Key(), cl.Token(), cl.id, rec.ModifyIndex, pair.Session, pair.Flags, rec.Flags, rec.Session)
 	}
 	if p, _ := time.Parse(time.RFC3339Nano, string(rec.Value)); !p.Equal(cl.Period()) {
 		t.Errorf("record %q, want the period %v", rec.Value, cl.Period())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/hashicorp/consul/api"
 
@@ -90,4 +91,44 @@ func lockKind(flags uint64) string {
 		return "a holdfast RWMutex's"
 	}
 	return "another kind of lock's"
+}
+
+// compatible returns an error wrapping holdfast.ErrConflict if a live lock
+// lies under "<name>/": a key held by a session (a lock of a longer name,
+// an api.Semaphore's contender). A key held by no session (a plain data
+// key, a dead contender's) is nobody's lock: it is left alone. (A lock key
+// of another kind is checked before it is taken: see Mutex.deadLock.)
+func (m *Mutex) compatible(v view) error {
+	if v.other != "" {
+		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
+	}
+	return nil
+}
+
+// compatibleLock returns an error wrapping holdfast.ErrConflict if the lock
+// key exists with flags other than a lock's (a semaphore's, say).
+func (m *Mutex) compatibleLock(lock *api.KVPair) error {
+	if otherKind(lock) {
+		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
+	}
+	return nil
+}
+
+// otherKind reports whether lock is the lock key of another kind of lock
+// (flags other than a lock's: a semaphore's, an RWMutex's).
+func otherKind(lock *api.KVPair) bool { return lock != nil && lock.Flags != api.LockFlagValue }
+
+// deadLock returns nil if lock, the lock key as read, is a lock's, or is
+// another kind's that is dead (see deadKey.go): the take then replaces it,
+// guarded by its index. A live one is an error wrapping
+// holdfast.ErrConflict that says how to free the name (before, a Mutex
+// refused the name for ever once a `consul lock -n` was killed:
+// TestDeadSemaphoreLockKey; or once an RWMutex's holder was cut off:
+// TestDeadRWLockKey).
+func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
+	if !otherKind(lock) {
+		return nil
+	}
+	own := func(key string) bool { return key == m.tailKey || strings.HasPrefix(key, m.queuePrefix) }
+	return m.s.deadKey(ctx, m.prefix, lock, own, "a holdfast Mutex or Election")
 }

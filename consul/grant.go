@@ -46,25 +46,29 @@ import (
 // holders (handing the permit on) and deletes it. Their token is the
 // ModifyIndex of the lock-key write that admitted them (see Semaphore).
 type Grant struct {
-	base   *core.Grant // key, token, context, reentrancy, release
+	base   *core.Grant // key, token, context, reentrancy; ends it through ending
 	s      *Session
 	prefix string   // "<name>/": the primitive's own keys, which Txn refuses
 	rel    releaser // how the grant's algorithm ends it in Consul
 }
 
-// releaser is what a grant's algorithm does to end it in Consul: a Mutex's
-// (lockHold, queue.go), an Election's (lockHold with resign, campaign.go),
-// a Semaphore's or RWMutex's (permitHold, permitleave.go).
+// releaser is a grant's end in Consul, by its algorithm: lockHold
+// (release.go: a Mutex's, with resign an Election's) or permitHold
+// (permitleave.go: a Semaphore's or RWMutex's).
 type releaser interface {
-	// release ends g in Consul after Unlock or a loss (see core.NewGrant).
+	// release ends g in Consul after Unlock or a loss (see core.Releaser).
 	release(ctx context.Context, g *Grant) error
 	// drop ends g as its session closes: no handoff, the key goes.
 	drop(ctx context.Context, g *Grant) error
 }
 
-// release is the grant's release (see core.NewGrant): the algorithm's; once
+// ending is a Grant as internal/core ends it.
+type ending Grant
+
+// Release implements core.Releaser: the algorithm's release (g.rel); once
 // it is done, or cannot be done, the session forgets the grant.
-func (g *Grant) release(ctx context.Context) error {
+func (e *ending) Release(ctx context.Context) error {
+	g := (*Grant)(e)
 	err := g.rel.release(ctx, g)
 	if err == nil || core.Final(err) {
 		g.s.forget(g)
@@ -95,9 +99,6 @@ func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 // queued but has not linked itself yet, Unlock waits for its link (at most
 // 250 ms) and otherwise reads the whole queue.
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
-
-// Session returns the ID of the Consul session that holds the grant.
-func (g *Grant) Session() string { return g.s.id }
 
 // Guard returns the operation that succeeds exactly while this grant is
 // held: a check-session of the lock key on our session. Put it first in

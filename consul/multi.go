@@ -48,9 +48,6 @@ func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
 	return m, nil
 }
 
-// Names returns the names in the order they are taken.
-func (m *MultiMutex) Names() []string { return append([]string(nil), m.names...) }
-
 // Lock takes every name, one after the other in canonical order, each
 // waiting in its name's FIFO queue (holding the names before it). It
 // returns when all are held, or with an error when ctx or the session ends
@@ -90,9 +87,6 @@ type MultiGrant struct {
 
 // Names returns the names, sorted.
 func (g *MultiGrant) Names() []string { return g.multi.Names() }
-
-// Grants returns the grant of each name, in the order of Names.
-func (g *MultiGrant) Grants() []*Grant { return g.multi.Parts() }
 
 // Grant returns the grant of name, or nil if name is not one of the set.
 func (g *MultiGrant) Grant(name string) *Grant {

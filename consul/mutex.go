@@ -89,9 +89,6 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	}, nil
 }
 
-// Name returns the lock's name.
-func (m *Mutex) Name() string { return m.name }
-
 // Lock waits until the lock is granted (first come, first served among
 // holdfast waiters), ctx is done, or the session ends. It returns within
 // milliseconds of ctx ending, even if Consul cannot be reached: the error
@@ -133,7 +130,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, erro
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
 	g := &Grant{s: m.s, prefix: m.prefix, rel: a.hold(token)}
-	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), g.release, free)
+	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), (*ending)(g), free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {
 		// The session ended while we acquired: hand out no grant of a dead

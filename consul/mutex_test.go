@@ -173,7 +173,7 @@ func TestTakeover(t *testing.T) {
 		{"delay0", 0, api.SessionBehaviorRelease},
 		{"delay1s", time.Second, api.SessionBehaviorRelease},
 		{"delay1s-behavior-delete", time.Second, api.SessionBehaviorDelete},
-		{"delay15s-default", DefaultLockDelay, api.SessionBehaviorRelease},
+		{"delay15s-default", defaultLockDelay, api.SessionBehaviorRelease},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestTakeover(t *testing.T) {
 			admin := a.Client(t)
 			name := uniqueName(t)
 			opts := []SessionOption{WithBehavior(tc.behavior)}
-			if tc.delay != DefaultLockDelay {
+			if tc.delay != defaultLockDelay {
 				opts = append(opts, WithLockDelay(tc.delay))
 			}
 			holder := newSession(t, a.Client(t), opts...)
@@ -498,8 +498,8 @@ func TestManyLocksOneSession(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.Session() != s.ID() {
-			t.Fatalf("grant of session %s, want %s", g.Session(), s.ID())
+		if g.s.id != s.ID() {
+			t.Fatalf("grant of session %s, want %s", g.s.id, s.ID())
 		}
 		grants = append(grants, g)
 	}
@@ -689,7 +689,7 @@ func TestDoubleUnlock(t *testing.T) {
 	if err := g1.Unlock(timeout(t, 5*time.Second)); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Errorf("second Unlock: %v, want ErrNotHeld", err)
 	}
-	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.Session() || pair.ModifyIndex != uint64(g2.Token()) {
+	if pair, _, err := c.KV().Get(LockKey(name), nil); err != nil || pair == nil || pair.Session != g2.s.id || pair.ModifyIndex != uint64(g2.Token()) {
 		t.Errorf("lock key after the second Unlock: %+v, %v; want held by the next holder", pair, err)
 	}
 	if err := g2.Unlock(timeout(t, 5*time.Second)); err != nil {

@@ -73,7 +73,7 @@ type permitKind struct {
 }
 
 var (
-	semaphoreKind = &permitKind{what: "semaphore", flags: SemaphoreFlagValue, shared: valWait, writer: valWait}
+	semaphoreKind = &permitKind{what: "semaphore", flags: api.SemaphoreFlagValue, shared: valWait, writer: valWait}
 	rwKind        = &permitKind{what: "read-write lock", flags: RWMutexFlagValue, shared: valRead, writer: valWrite}
 )
 
@@ -239,7 +239,7 @@ func (p *permits) contenderKey(v *pview, e *api.KVPair) bool {
 	shaped := rest != "" && !strings.Contains(rest, "/") && !strings.HasPrefix(rest, ".")
 	switch {
 	case !ok:
-	case e.Session == "" && shaped && (e.Flags == SemaphoreFlagValue || e.Flags == RWMutexFlagValue):
+	case e.Session == "" && shaped && (e.Flags == api.SemaphoreFlagValue || e.Flags == RWMutexFlagValue):
 		v.dead = append(v.dead, e)
 	case e.Session == "":
 	case !shaped:

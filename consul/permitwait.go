@@ -48,7 +48,7 @@ func (a *pacq) grant(token uint64, free func()) (*Grant, error) {
 // grant wraps an admitted contender key in a Grant.
 func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
 	g := &Grant{s: p.s, prefix: p.prefix, rel: &permitHold{p: p, exclusive: exclusive, free: free}}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), g.release, free)
+	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), (*ending)(g), free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
 		return nil, p.s.alive() // the session ended meanwhile; Close releases the key

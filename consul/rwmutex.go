@@ -52,9 +52,6 @@ func NewRWMutex(s *Session, name string, opts ...holdfast.LockOption) (*RWMutex,
 	return &RWMutex{p: newPermits(s, name, 0)}, nil
 }
 
-// Name returns the lock's name.
-func (m *RWMutex) Name() string { return m.p.name }
-
 // Lock waits for the write lock (see Semaphore.Lock for errors, ctx and
 // cleanup).
 func (m *RWMutex) Lock(ctx context.Context) (*Grant, error) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
@@ -36,10 +34,6 @@ type Semaphore struct {
 
 var _ holdfast.GrantLocker[*Grant] = (*Semaphore)(nil)
 
-// SemaphoreFlagValue is the flags value of a Semaphore's keys,
-// api.SemaphoreFlagValue.
-const SemaphoreFlagValue uint64 = api.SemaphoreFlagValue
-
 // NewSemaphore returns the semaphore called name (api.Semaphore's prefix)
 // with the given limit, used through session s. The name follows
 // holdfast.ValidateName; limit < 1 is an error wrapping
@@ -64,12 +58,6 @@ func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOptio
 		reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant},
 	}, nil
 }
-
-// Name returns the semaphore's name (api.Semaphore's prefix).
-func (m *Semaphore) Name() string { return m.p.name }
-
-// Limit returns the semaphore's limit.
-func (m *Semaphore) Limit() int { return m.p.limit }
 
 // Lock waits for a permit (first come, first served among holdfast
 // contenders), until ctx is done or the session ends, and returns it. Its

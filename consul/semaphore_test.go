@@ -420,7 +420,7 @@ func TestSemaphoreRevokedHolder(t *testing.T) {
 		if g2.Token() <= g.Token() {
 			t.Errorf("token %d after %d", g2.Token(), g.Token())
 		}
-		if l := semLock(t, c, name); len(l.Holders) != 1 || !l.Holders[g2.Session()] {
+		if l := semLock(t, c, name); len(l.Holders) != 1 || !l.Holders[g2.s.id] {
 			t.Errorf("holders %v", l.Holders)
 		}
 		_ = g2.Unlock(ctx)
@@ -695,7 +695,7 @@ func TestSemaphoreLateJoinWhileHeld(t *testing.T) {
 	// The late join's transaction, as pacq.enter sends it.
 	late := api.TxnOps{
 		kvOp(api.KVDelete, name+"/"+s.ID()),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name + "/" + s.ID(), Session: s.ID(), Flags: SemaphoreFlagValue, Value: []byte(valWait)}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name + "/" + s.ID(), Session: s.ID(), Flags: api.SemaphoreFlagValue, Value: []byte(valWait)}},
 	}
 	if ok, resp, _, err := c.Txn().Txn(late, nil); err != nil || !ok {
 		t.Fatalf("the late join: %v %v", err, resp)

@@ -20,20 +20,20 @@ import (
 )
 
 const (
-	// DefaultTTL is the session TTL when WithTTL is not given.
-	DefaultTTL = 15 * time.Second
+	// defaultTTL is the session TTL when WithTTL is not given.
+	defaultTTL = 15 * time.Second
 	// MinTTL is the shortest session TTL Consul accepts (the server's default
 	// session_ttl_min).
 	MinTTL = 10 * time.Second
 	// MaxTTL is the longest session TTL Consul accepts.
 	MaxTTL = 24 * time.Hour
-	// DefaultLockDelay is Consul's own default lock-delay.
-	DefaultLockDelay = 15 * time.Second
+	// defaultLockDelay is Consul's own default lock-delay.
+	defaultLockDelay = 15 * time.Second
 	// MaxLockDelay is the longest lock-delay Consul applies.
 	MaxLockDelay = 60 * time.Second
-	// DefaultSessionName is the session name when WithSessionName is not
+	// defaultSessionName is the session name when WithSessionName is not
 	// given.
-	DefaultSessionName = "holdfast"
+	defaultSessionName = "holdfast"
 )
 
 const (
@@ -57,10 +57,6 @@ const (
 	dialTimeout = 5 * time.Second
 )
 
-// blockTimeout is the client-side timeout of a blocking query with the given
-// wait: Consul adds up to wait/16 of jitter, and the answer needs a moment.
-func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*time.Second }
-
 type sessionConfig struct {
 	ttl        time.Duration
 	margin     time.Duration
@@ -77,7 +73,7 @@ type sessionConfig struct {
 // SessionOption configures NewSession.
 type SessionOption func(*sessionConfig)
 
-// WithTTL sets the session TTL (default DefaultTTL). Consul accepts MinTTL
+// WithTTL sets the session TTL (default 15 s). Consul accepts MinTTL
 // (10 s) to MaxTTL (24 h); anything else is an error wrapping
 // holdfast.ErrInvalidTTL, returned before any request. A holder that crashes
 // keeps its locks until Consul invalidates its session, which happens between
@@ -105,8 +101,8 @@ func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
 }
 
-// WithLockDelay sets the session's lock-delay (default DefaultLockDelay, 15
-// s, Consul's default). After Consul invalidates a session (TTL expiry,
+// WithLockDelay sets the session's lock-delay (default 15 s, Consul's
+// default). After Consul invalidates a session (TTL expiry,
 // destroy, failed health check), the keys it held cannot be acquired by
 // anyone for that long; a normal Unlock imposes no delay. 0 disables it: it
 // is really sent as "0s" (the Go API client cannot express 0). More than
@@ -148,7 +144,7 @@ func WithNodeChecks(ids ...string) SessionOption {
 }
 
 // WithSessionName sets the session's name, as shown by Consul (default
-// DefaultSessionName).
+// "holdfast").
 func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
 
 // WithObserver adds an observer of the session's events (grants, their
@@ -173,10 +169,10 @@ func WithLogger(l *slog.Logger) SessionOption {
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{
-		ttl:       DefaultTTL,
-		lockDelay: DefaultLockDelay,
+		ttl:       defaultTTL,
+		lockDelay: defaultLockDelay,
 		behavior:  api.SessionBehaviorDelete,
-		name:      DefaultSessionName,
+		name:      defaultSessionName,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -514,12 +510,11 @@ func (s *Session) watch(ctx context.Context) {
 	}
 	ctx, cancel := s.bind(ctx)
 	defer cancel()
-	refused := func(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
 	var index uint64
 	for {
 		var entry *api.SessionEntry
 		var meta *api.QueryMeta
-		err := core.Backoff{Attempt: blockTimeout(monitorWait), Final: refused}.Retry(ctx, func(ctx context.Context) (err error) {
+		err := core.Backoff{Attempt: blockTimeout(monitorWait), Final: queryRefused}.Retry(ctx, func(ctx context.Context) (err error) {
 			q := &api.QueryOptions{WaitIndex: index, WaitTime: monitorWait}
 			entry, meta, err = s.client.Session().Info(s.id, q.WithContext(ctx))
 			return err
@@ -558,9 +553,6 @@ func (s *Session) Client() *api.Client { return s.client }
 
 // TTL returns the session TTL.
 func (s *Session) TTL() time.Duration { return s.cfg.ttl }
-
-// LockDelay returns the session's lock-delay.
-func (s *Session) LockDelay() time.Duration { return s.cfg.lockDelay }
 
 // Context is cancelled when the session ends; context.Cause tells why (an
 // error wrapping holdfast.ErrSessionLost, or holdfast.ErrSessionClosed after

@@ -229,14 +229,11 @@ func TestDial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Client() == nil || s.TTL() != DefaultTTL || s.LockDelay() != 0 {
-		t.Errorf("Dial's session: client %v, TTL %v, lock-delay %v; want a client, %v, 0", s.Client(), s.TTL(), s.LockDelay(), DefaultTTL)
+	if s.Client() == nil || s.TTL() != defaultTTL || s.cfg.lockDelay != 0 {
+		t.Errorf("Dial's session: client %v, TTL %v, lock-delay %v; want a client, %v, 0", s.Client(), s.TTL(), s.cfg.lockDelay, defaultTTL)
 	}
 	name := uniqueName(t)
 	m := newMutex(t, s, name)
-	if m.Name() != name {
-		t.Errorf("Name() = %q, want %q", m.Name(), name)
-	}
 	g, err := m.Lock(timeout(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)

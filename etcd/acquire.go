@@ -119,7 +119,7 @@ const watchDelay = 20 * time.Millisecond
 // the store; also runs with the release.
 func newGrant(s *Session, pfx, key string, rev, token int64, free func(), also []clientv3.Op) *Grant {
 	g := &Grant{s: s, pfx: pfx, rev: rev, from: rev + 1, free: free, also: also}
-	g.base = core.NewGrant(s.keeper, s.bg, key, holdfast.Token(token), g.release, func() {
+	g.base = core.NewGrant(s.keeper, s.bg, key, holdfast.Token(token), core.ReleaseFunc(g.release), func() {
 		s.watcher.remove(g)
 		g.free()
 	})

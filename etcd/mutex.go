@@ -54,9 +54,6 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	}, nil
 }
 
-// Name returns the lock's name.
-func (m *Mutex) Name() string { return m.name }
-
 // Lock waits until the lock is granted (in order of arrival), ctx ends, or
 // the session ends, and returns within milliseconds of either, even if etcd
 // cannot be reached. On error, what the attempt left in etcd (its waiting

@@ -94,9 +94,6 @@ func NewRWMutex(s *Session, name string, opts ...holdfast.LockOption) (*RWMutex,
 	}, nil
 }
 
-// Name returns the lock's name.
-func (rw *RWMutex) Name() string { return rw.name }
-
 // Lock waits until the lock is granted for writing (in order of arrival),
 // ctx ends, or the session ends, as Mutex.Lock.
 func (rw *RWMutex) Lock(ctx context.Context) (*Grant, error) {

@@ -87,12 +87,6 @@ func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOptio
 	}, nil
 }
 
-// Name returns the semaphore's name.
-func (m *Semaphore) Name() string { return m.name }
-
-// Limit returns the most holders the semaphore admits at once.
-func (m *Semaphore) Limit() int { return m.limit }
-
 // Lock waits until a permit is granted (in order of arrival), ctx ends, or
 // the session ends, and returns within milliseconds of either, even if etcd
 // cannot be reached. On error, what the attempt left in etcd (its waiting

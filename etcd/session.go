@@ -15,20 +15,20 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-const (
-	// DefaultTTL is the session TTL when WithTTL is not given.
-	DefaultTTL = 15 * time.Second
-	// MinTTL is the shortest lease TTL etcd grants with its default election
-	// timeout (1.5 x 1 s election timeout, rounded up to whole seconds).
-	MinTTL = 2 * time.Second
-	// MaxTTL is the longest lease TTL etcd accepts.
-	MaxTTL = 9_000_000_000 * time.Second
-)
+// MinTTL is the shortest lease TTL etcd grants with its default election
+// timeout (1.5 x 1 s election timeout, rounded up to whole seconds).
+const MinTTL = 2 * time.Second
 
-// DefaultConnectTimeout bounds NewSession (and Dial) when their context
-// has no deadline: how long to keep trying to reach etcd and grant the
-// session's lease before giving up with the last connection error.
-const DefaultConnectTimeout = 5 * time.Second
+const (
+	// defaultTTL is the session TTL when WithTTL is not given.
+	defaultTTL = 15 * time.Second
+	// maxTTL is the longest lease TTL etcd accepts.
+	maxTTL = 9_000_000_000 * time.Second
+	// connectTimeout bounds NewSession (and Dial) when their context has
+	// no deadline: how long to keep trying to reach etcd and grant the
+	// session's lease before giving up with the last connection error.
+	connectTimeout = 5 * time.Second
+)
 
 const (
 	// retryPause is the longest pause before a failed renewal is retried.
@@ -51,10 +51,10 @@ type sessionConfig struct {
 // SessionOption configures NewSession.
 type SessionOption func(*sessionConfig)
 
-// WithTTL sets the lease TTL (default DefaultTTL). It must be a whole number
-// of seconds between MinTTL and MaxTTL. A holder that crashes keeps its locks
-// for at most the TTL; a longer TTL tolerates longer pauses and partitions
-// before a grant is lost.
+// WithTTL sets the lease TTL (default 15 s). It must be a whole number of
+// seconds, at least MinTTL (at most 9e9 s, etcd's bound). A holder that
+// crashes keeps its locks for at most the TTL; a longer TTL tolerates
+// longer pauses and partitions before a grant is lost.
 func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = ttl } }
 
 // WithMargin sets the safety margin of the local deadline (default TTL/5; at
@@ -103,15 +103,15 @@ func WithLogger(l *slog.Logger) SessionOption {
 }
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
-	c := sessionConfig{ttl: DefaultTTL}
+	c := sessionConfig{ttl: defaultTTL}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
 		}
 	}
 	switch {
-	case c.ttl < MinTTL || c.ttl > MaxTTL:
-		return c, fmt.Errorf("%w: %v is outside etcd's range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, MaxTTL)
+	case c.ttl < MinTTL || c.ttl > maxTTL:
+		return c, fmt.Errorf("%w: %v is outside etcd's range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, maxTTL)
 	case c.ttl%time.Second != 0:
 		return c, fmt.Errorf("%w: %v is not a whole number of seconds (etcd lease TTLs are in seconds)", holdfast.ErrInvalidTTL, c.ttl)
 	}
@@ -152,9 +152,8 @@ type Session struct {
 // Dial connects to the etcd cluster at endpoints (such as
 // "http://127.0.0.1:2379") and returns a Session on a client of its own,
 // which Close closes. ctx bounds the connection, the authentication and the
-// lease grant; without a deadline, DefaultConnectTimeout applies. The client
-// keeps its connections checked with gRPC keepalives (every 10 s, 3 s
-// timeout).
+// lease grant (without a deadline, 5 s). The client keeps its connections
+// checked with gRPC keepalives (every 10 s, 3 s timeout).
 //
 // For a secured cluster, WithTLS or WithTLSFiles (server authentication by
 // a CA, and mutual TLS with a client certificate) and WithCredentials (etcd
@@ -162,7 +161,7 @@ type Session struct {
 // wrong password or an unknown user is an error wrapping
 // holdfast.ErrPermissionDenied. A server whose certificate the CA does not
 // vouch for, or that refuses ours, cannot be connected to: Dial then fails
-// when ctx (or DefaultConnectTimeout) ends, saying what the TLS handshake
+// when ctx (or those 5 s) ends, saying what the TLS handshake
 // answered ("certificate signed by unknown authority", "certificate
 // required"...). No error ever contains the password or key material. For
 // other client settings, create the client with clientv3.New and call
@@ -180,7 +179,7 @@ func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Sess
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
+		ctx, cancel = context.WithTimeout(ctx, connectTimeout)
 		defer cancel()
 	}
 	client, err := newClient(ctx, endpoints, &cfg.dial)
@@ -197,8 +196,8 @@ func Dial(ctx context.Context, endpoints []string, opts ...SessionOption) (*Sess
 }
 
 // NewSession grants a lease on client and keeps it alive until Close or
-// until it is lost. ctx bounds only the lease grant; without a deadline,
-// DefaultConnectTimeout applies, and when etcd cannot be reached in time the
+// until it is lost. ctx bounds only the lease grant (without a deadline,
+// 5 s), and when etcd cannot be reached in time the
 // error says why (the last connection error, such as "connection refused").
 // The caller keeps ownership of client: Close does not close it. The options
 // that apply to Dial only (WithTLS, WithTLSFiles, WithCredentials) are
@@ -226,7 +225,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Session, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultConnectTimeout)
+		ctx, cancel = context.WithTimeout(ctx, connectTimeout)
 		defer cancel()
 	}
 	diagnose := cfg.dial.diagnoseAhead(ctx, client.Endpoints())

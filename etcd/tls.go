@@ -146,7 +146,7 @@ func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv
 		}
 	}
 	d.resolved, d.dialed = tlsCfg, true
-	timeout := DefaultConnectTimeout
+	timeout := connectTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
 	}

@@ -21,14 +21,14 @@ import (
 // session cannot lock the name again before the store has seen the end of
 // this grant).
 type Grant struct {
-	key     string
-	token   holdfast.Token
-	keeper  *Keeper
-	bg      *Background
-	ctx     *grantContext
-	cancel  context.CancelCauseFunc
-	release func(context.Context) error
-	done    func()
+	key    string
+	token  holdfast.Token
+	keeper *Keeper
+	bg     *Background
+	ctx    *grantContext
+	cancel context.CancelCauseFunc
+	rel    Releaser
+	done   func()
 
 	mu       sync.Mutex
 	count    int  // reentrant holds; 0 once released or lost
@@ -43,18 +43,29 @@ type Grant struct {
 	reported bool
 }
 
-// NewGrant returns a held grant of the session that keeper and bg belong to.
-// Its context is a child of the session's context.
-//
-// release removes the grant from the store in one attempt, guarded so that
-// it never touches a newer grant; it returns an error wrapping
-// holdfast.ErrNotHeld when the guard fails (the grant was lost from outside)
-// and a transport error when it may be retried. done (may be nil) runs once,
-// after the release is over or abandoned because the session ended.
-func NewGrant(keeper *Keeper, bg *Background, key string, token holdfast.Token, release func(context.Context) error, done func()) *Grant {
+// Releaser is a backend's end of a grant in the store.
+type Releaser interface {
+	// Release removes the grant from the store in one attempt, guarded so
+	// that it never touches a newer grant. It returns an error wrapping
+	// holdfast.ErrNotHeld when the guard fails (the grant was lost from
+	// outside), and a transport error when it may be retried.
+	Release(ctx context.Context) error
+}
+
+// ReleaseFunc is a Releaser written as a function.
+type ReleaseFunc func(ctx context.Context) error
+
+// Release implements Releaser.
+func (f ReleaseFunc) Release(ctx context.Context) error { return f(ctx) }
+
+// NewGrant returns a held grant of the session that keeper and bg belong
+// to, ended in the store by rel. Its context is a child of the session's.
+// done (may be nil) runs once, after the release is over or abandoned
+// because the session ended.
+func NewGrant(keeper *Keeper, bg *Background, key string, token holdfast.Token, rel Releaser, done func()) *Grant {
 	g := &Grant{
 		key: key, token: token, keeper: keeper, bg: bg,
-		release: release, done: done, count: 1,
+		rel: rel, done: done, count: 1,
 		finished: make(chan struct{}),
 	}
 	inner, cancel := context.WithCancelCause(keeper.Context())
@@ -217,12 +228,12 @@ func (g *Grant) background() {
 func (g *Grant) finish(ctx context.Context) {
 	defer g.complete()
 	if errors.Is(context.Cause(g.ctx), holdfast.ErrReleased) {
-		g.result = Retry(ctx, g.release)
+		g.result = Retry(ctx, g.rel.Release)
 		return
 	}
 	if ctx.Err() == nil {
 		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
-		_ = g.release(actx)
+		_ = g.rel.Release(actx)
 		cancel()
 	}
 }
@@ -263,7 +274,7 @@ func (g *Grant) Unlock(ctx context.Context) error {
 		g.complete()
 	} else {
 		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
-		err := g.release(actx)
+		err := g.rel.Release(actx)
 		cancel()
 		if err == nil || Final(err) {
 			g.result = err

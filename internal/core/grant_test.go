@@ -71,7 +71,7 @@ func (s session) close() {
 }
 
 func (f *fakeStore) grant(s session) *Grant {
-	return NewGrant(s.k, s.bg, "locks/a/694d7a3b", 42, f.release, f.done)
+	return NewGrant(s.k, s.bg, "locks/a/694d7a3b", 42, ReleaseFunc(f.release), f.done)
 }
 
 // checkEnded checks a grant whose end is over: its context is done with a
@@ -352,7 +352,7 @@ func TestGrantContextChecksDeadline(t *testing.T) {
 	k := NewKeeper(time.Now(), time.Hour, 0)
 	bg := NewBackground(k.Context())
 	defer func() { k.End(holdfast.ErrSessionClosed); bg.Wait() }()
-	g := NewGrant(k, bg, "k", 1, func(context.Context) error { return nil }, nil)
+	g := NewGrant(k, bg, "k", 1, ReleaseFunc(func(context.Context) error { return nil }), nil)
 	// Move the deadline into the past without firing the timer: a
 	// renewal never moves it back, so rebuild the state by hand.
 	k.mu.Lock()
@@ -375,7 +375,7 @@ func TestGrantDoneChecksDeadline(t *testing.T) {
 	k := NewKeeper(time.Now(), time.Hour, 0)
 	bg := NewBackground(k.Context())
 	defer func() { k.End(holdfast.ErrSessionClosed); bg.Wait() }()
-	g := NewGrant(k, bg, "k", 1, func(context.Context) error { return nil }, nil)
+	g := NewGrant(k, bg, "k", 1, ReleaseFunc(func(context.Context) error { return nil }), nil)
 	k.mu.Lock()
 	k.deadline = time.Now().Add(-time.Millisecond)
 	k.mu.Unlock()

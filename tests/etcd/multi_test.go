@@ -147,12 +147,12 @@ func TestMultiGuardedTxn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Names(); !slices.Equal(got, []string{"multi-txn/a", "multi-txn/b"}) {
-		t.Errorf("Names() = %v, want sorted and deduplicated", got)
-	}
 	g, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := g.Names(); !slices.Equal(got, []string{"multi-txn/a", "multi-txn/b"}) {
+		t.Errorf("Names() = %v, want sorted and deduplicated", got)
 	}
 	if _, err := g.Txn(ctx, clientv3.OpPut("multi-txn-data", "v1")); err != nil {
 		t.Fatalf("Txn while held: %v", err)

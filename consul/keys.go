@@ -1,0 +1,242 @@
+package consul
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// valueTaken is the lock key's value while a holdfast Mutex holds it.
+// Foreign holders (api.Lock, `consul lock`) write other values.
+const valueTaken = "holdfast"
+
+// The queue (docs/DESIGN.md, "Consul acquire"): each contender's entry
+// "<name>/.queue/<session>", acquired with its session, lives from the
+// moment it queues until its grant ends (the holder's entry stays while it
+// holds). Under an entry E of session S:
+//
+//   - E + nextInfix + W: the link of the waiter W right behind E, written by
+//     W and acquired with W's session (value: W's entry's CreateIndex), so
+//     that S knows whom to hand the lock to without a read;
+//   - E + prevInfix + P: S's anchor on its predecessor P, written by S and
+//     acquired with P's session: it goes when P's session ends, or is
+//     deleted when P leaves the queue, which wakes S;
+//   - E + heldSuffix: written by the handoff that grants S the lock, in the
+//     same transaction (its ModifyIndex is the token).
+//
+// A waiter blocks on its own entry's subtree only: one notification tells
+// it its grant, its successor, or its predecessor's end.
+const (
+	nextInfix  = "/next/"
+	prevInfix  = "/prev/"
+	heldSuffix = "/held"
+)
+
+// waiter is a queue entry the lock can be handed to.
+type waiter struct {
+	key, session string
+	index        uint64 // the entry's CreateIndex (= its ModifyIndex)
+}
+
+// entry returns the queue entry of session with that CreateIndex.
+func (m *Mutex) entry(session string, index uint64) waiter {
+	return waiter{key: m.queuePrefix + session, session: session, index: index}
+}
+
+// tokenOf returns the fencing token of the grant that holds lock, a
+// Mutex's or an Election's lock key as read from Consul: the ModifyIndex of
+// the write that acquired it (a later write by the holder, such as a poke,
+// moves it). For a key held by api.Lock or `consul lock`, it is the key's
+// ModifyIndex too.
+func tokenOf(lock *api.KVPair) uint64 { return lock.ModifyIndex }
+
+// parseEntry parses "<session> <index>" as the queue entry of that session
+// under m, with that CreateIndex.
+func (m *Mutex) parseEntry(s string) (waiter, bool) {
+	session, idx, ok := strings.Cut(s, " ")
+	index, err := strconv.ParseUint(idx, 10, 64)
+	if !ok || err != nil || session == "" || index == 0 || strings.Contains(session, "/") {
+		return waiter{}, false
+	}
+	return m.entry(session, index), true
+}
+
+// The tail key "<name>/.tail" names the queue entry created last:
+// "<session>" (the entry's CreateIndex is the tail's ModifyIndex: both are
+// written by the same transaction, see enqueue) or "<session> <index>"
+// (written by a repair, see Mutex.repairTail, or a re-lock, see
+// Mutex.relockTail). Queuing up sets it and reads
+// what it was in one transaction, so entries are created one at a time and
+// each new waiter learns its predecessor without reading the queue. It is
+// absent only while nobody queues or holds through the queue: it is
+// deleted, guarded by its index, with the last entry (a release that finds
+// nobody behind it, a repair that finds no live entry).
+//
+// The tail key is acquired with the session of the entry it names (a
+// delete then a lock, in the transaction that writes it), so that Consul
+// deletes it with that session's other keys when it invalidates the
+// session (Behavior delete): a contender cut off for good leaves no tail
+// naming it. While a lock-delay is in effect on the tail key (its last
+// holder's session was invalidated), it is written plain instead (see
+// tailOps), and acquired once the delay ends (see relockTail); a reader
+// treats both alike.
+const tailSuffix = "/.tail"
+
+// tailEntry returns the entry that the tail key names (ok false if absent
+// or unreadable).
+func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
+	if tail == nil || tail.ModifyIndex == 0 {
+		return waiter{}, false
+	}
+	if w, ok := m.parseEntry(string(tail.Value)); ok {
+		return w, true
+	}
+	return m.parseEntry(fmt.Sprintf("%s %d", tail.Value, tail.ModifyIndex))
+}
+
+// entryValue is the value of our queue entry: our session's lock-delay in
+// milliseconds, so that the waiter behind us knows it (it may hold the lock
+// before that waiter, and if its session ends then, the delay applies).
+func (m *Mutex) entryValue() []byte {
+	return strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
+}
+
+// entryDelay returns the lock-delay that entry e's value states.
+func entryDelay(e *api.KVPair) (time.Duration, bool) {
+	ms, err := strconv.ParseInt(string(e.Value), 10, 64)
+	if err != nil || ms < 0 {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
+}
+
+// view is what we know of a lock: the keys under "<name>/".
+type view struct {
+	lock  *api.KVPair   // nil if absent
+	queue []*api.KVPair // live queue entries, by CreateIndex
+	dead  []*api.KVPair // queue entries whose session is gone
+	me    *api.KVPair   // our live queue entry, if any
+	tail  *api.KVPair   // the tail key, if present
+	other string        // a key of a longer name, if any
+	// Under our entry: the live link behind it (the latest), our anchor
+	// (the latest), the held mark.
+	next   *waiter
+	anchor *api.KVPair
+	held   *api.KVPair
+	// holders are the sessions whose entry has a held mark: the holder,
+	// or one that lost its grant and has not left yet.
+	holders map[string]bool
+}
+
+// waiting returns the number of live entries that wait (no held mark).
+func (v view) waiting() int {
+	n := 0
+	for _, e := range v.queue {
+		if !v.holders[e.Session] {
+			n++
+		}
+	}
+	return n
+}
+
+// parse builds a view from the results of a transaction that read the
+// subtree "<name>/" or part of it (other results about those keys are
+// merged in; the last answer about the lock key is the latest).
+func (m *Mutex) parse(results []*api.TxnResult) view {
+	var v view
+	seen := make(map[string]bool, len(results))
+	mine := m.queueKey + "/"
+	var children []*api.KVPair // other entries' links and marks
+	for _, r := range results {
+		e := r.KV
+		if e == nil || e.ModifyIndex == 0 {
+			continue
+		}
+		if e.Key == m.lockKey {
+			v.lock = e
+			continue
+		}
+		if e.Key == m.tailKey {
+			v.tail = e
+			continue
+		}
+		if seen[e.Key] {
+			continue
+		}
+		seen[e.Key] = true
+		id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
+		sub, isMine := strings.CutPrefix(e.Key, mine)
+		switch {
+		case isMine:
+			v.child(m, sub, e)
+		case isQueue && id != "" && !strings.Contains(id, "/"):
+			if e.Session == "" {
+				v.dead = append(v.dead, e)
+				continue
+			}
+			v.queue = append(v.queue, e)
+			if e.Key == m.queueKey && e.Session == m.s.id {
+				v.me = e
+			}
+		case isQueue && id != "": // another entry's links and marks
+			session, _, _ := strings.Cut(id, "/")
+			if strings.TrimPrefix(id, session) == heldSuffix && e.Session != "" {
+				if v.holders == nil {
+					v.holders = make(map[string]bool)
+				}
+				v.holders[session] = true
+			}
+			children = append(children, e)
+		case strings.HasPrefix(e.Key, m.prefix) && e.Session != "":
+			v.other = e.Key // a live lock of a longer name, or a foreign one
+		}
+	}
+	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
+	for _, e := range children {
+		// Under an entry that is gone (deleted with its session, Behavior
+		// delete): dead too.
+		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix), "/"); !seen[m.queuePrefix+entry] {
+			v.dead = append(v.dead, e)
+		}
+	}
+	return v
+}
+
+// child notes e, the key sub under our entry.
+func (v *view) child(m *Mutex, sub string, e *api.KVPair) {
+	switch {
+	case sub == heldSuffix[1:]:
+		v.held = e
+	case strings.HasPrefix(sub, nextInfix[1:]):
+		w := strings.TrimPrefix(sub, nextInfix[1:])
+		index, err := strconv.ParseUint(string(e.Value), 10, 64)
+		if err == nil && w != "" && e.Session == w && (v.next == nil || index > v.next.index) {
+			n := m.entry(w, index)
+			v.next = &n
+		}
+	case strings.HasPrefix(sub, prevInfix[1:]):
+		if v.anchor == nil || e.CreateIndex > v.anchor.CreateIndex {
+			v.anchor = e
+		}
+	}
+}
+
+// predecessor returns the live entry just ahead of ours, or nil at the head.
+func (v view) predecessor() *api.KVPair {
+	var p *api.KVPair
+	for _, e := range v.queue {
+		if e.CreateIndex >= v.me.CreateIndex {
+			break
+		}
+		p = e
+	}
+	return p
+}
+
+// free reports whether the lock key is absent or held by no session.
+func free(lock *api.KVPair) bool { return lock == nil || lock.Session == "" }

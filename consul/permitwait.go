@@ -228,7 +228,9 @@ func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, bool, error) {
 	if err != nil || got || !full {
 		return token, got, err
 	}
-	return a.atHead(ctx, v)
+	// Patient only if .lock moved since we joined (releases are handing
+	// permits on); else its holders may be dead: watch the subtree at once.
+	return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 }
 
 // behind is the wait of a waiter behind others: the write that admits us
@@ -245,24 +247,23 @@ func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, boo
 	case string(next.Value) == valHeldNext:
 		return next.ModifyIndex, true, nil
 	case string(next.Value) == valHeld:
-		return a.atHead(ctx, v) // v is older than that write: atHead reads first
+		return a.atHead(ctx, v, !v.foreign) // v is older than that write: atHead reads first
 	}
 	return 0, false, nil
 }
 
 // atHead is the wait of the head of the queue, whose view v has no room for
-// it: unless a foreign contender is about (whose release hands nothing
-// over), it first waits on its own key for handoffPatience, since every
-// holdfast release (and passOn) that frees a permit hands it to the head.
-// Then it waits for the subtree to change, as api.Semaphore's waiter does (a
-// release admitting us, a holder's key gone or freed with its session, a
-// foreign contender's write), and admits us (with the waiters behind us
-// that fit) once there is room. It reports whether we got in; if not (no
-// change within blockWait, or a change the caller sees to), the caller
-// reads again.
-func (a *pacq) atHead(ctx context.Context, v pview) (uint64, bool, error) {
+// it. If patient (no foreign contender, whose release hands nothing over, is
+// about: every release that frees a permit hands it to us), it first waits
+// on its own key for handoffPatience. Then it waits for the subtree to
+// change, as api.Semaphore's waiter does (a release admitting us, a
+// holder's key gone or freed with its session, a foreign contender's
+// write), and admits us (with the waiters behind us that fit) once there is
+// room. It reports whether we got in; if not (no change within blockWait,
+// or a change the caller sees to), the caller reads again.
+func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, bool, error) {
 	p := a.p
-	if !v.foreign {
+	if patient {
 		pair, err := p.s.watchKey(ctx, p.myKey, v.me.ModifyIndex, handoffPatience)
 		switch {
 		case err != nil:

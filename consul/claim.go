@@ -86,7 +86,7 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 // unused, or whose creation got no answer (looked up by its unique name),
 // is destroyed before it returns (bounded by 2 s; else in the background
 // while the holdfast session lives, and by its TTL anyway).
-func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error) {
+func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
@@ -102,9 +102,12 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	}
 	ctx, stop := o.s.bind(ctx)
 	defer stop()
-	ttl := o.sched.AtMost / 2
-	val := []byte(core.FormatPeriod(period))
-	var id string
+	var id string // the run's session, once created: destroyed on failure
+	defer func() {
+		if err != nil {
+			o.destroyNow(ctx, id)
+		}
+	}()
 	var sent time.Time
 	for {
 		// 1. read the record: refused if it holds period or a later one
@@ -112,71 +115,85 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		rec, _, err := o.s.client.KV().Get(o.record, (&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
 		cancel()
 		if err != nil {
-			o.destroyNow(ctx, id)
 			return nil, o.fail(ctx, apiError("read claim record "+o.record, err))
 		}
 		if err := claimRecordGuard(o, period, rec); err != nil {
-			o.destroyNow(ctx, id)
 			return nil, err
 		}
 		// 2. a session for the run's mark
 		if id == "" {
 			sent = time.Now()
-			if id, err = o.session(ctx, ttl); err != nil {
+			if id, err = o.session(ctx, o.sched.AtMost/2); err != nil {
 				return nil, o.fail(ctx, err)
 			}
 		}
-		// 3. record and mark in one transaction: check-and-set of the
-		// record on the index read (0: absent), no run marked
-		var index uint64
-		if rec != nil {
-			index = rec.ModifyIndex
-		}
-		rctx, cancel = context.WithTimeout(ctx, requestTimeout)
-		resp, err := o.s.txn(rctx, api.TxnOps{
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: o.record, Flags: ClaimFlags, Index: index, Value: val}},
-			kvOp(api.KVCheckNotExists, o.run),
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.run, Flags: ClaimFlags, Session: id, Value: val}},
-		})
-		cancel()
+		// 3. record and mark in one transaction
+		token, err := o.mark(ctx, id, period, rec)
 		got := time.Now()
-		var rb *rollback
 		switch {
-		case errors.As(err, &rb) && rb.denied():
-			o.destroyNow(ctx, id)
-			return nil, txnError("claim "+o.name, rb)
-		case errors.As(err, &rb) && rb.failed(1):
-			o.destroyNow(ctx, id)
-			return nil, o.running(ctx, period)
-		case errors.As(err, &rb) && rb.failed(0):
-			continue // the record moved since the read: read it again
+		case errors.Is(err, errRecordMoved):
+			continue
 		case err != nil:
-			o.destroyNow(ctx, id)
-			return nil, o.fail(ctx, err)
-		}
-		var token uint64
-		for _, r := range resp.Results {
-			if r.KV != nil && r.KV.Key == o.record {
-				token = r.KV.ModifyIndex
-			}
-		}
-		if token == 0 {
-			o.destroyNow(ctx, id)
-			return nil, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
-		}
-		if claimPeriodOver(period, o.sched.Every, got) {
-			o.destroyNow(ctx, id)
+			return nil, err
+		case claimPeriodOver(period, o.sched.Every, got):
 			return nil, o.over(period)
 		}
-		c := &Claim{o: o, id: id, period: period, made: got}
-		keeper := core.NewKeeper(sent, ttl, ttl/5)
-		endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-		c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
-			endWithSession()
-			keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
-		})
-		return c, nil
+		return o.claim(id, period, token, sent, got), nil
 	}
+}
+
+// errRecordMoved: the claim record moved since it was read (see mark).
+var errRecordMoved = errors.New("holdfast/consul: the claim record moved")
+
+// mark sets the record to period by check-and-set on rec's index (0:
+// absent) and acquires the run's mark with session id if no run holds it,
+// in one transaction, and returns the record's new index (the token). A
+// record moved since rec is errRecordMoved; a run holding the mark,
+// holdfast.ErrClaimed.
+func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.KVPair) (uint64, error) {
+	var index uint64
+	if rec != nil {
+		index = rec.ModifyIndex
+	}
+	val := []byte(core.FormatPeriod(period))
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	resp, err := o.s.txn(rctx, api.TxnOps{
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: o.record, Flags: ClaimFlags, Index: index, Value: val}},
+		kvOp(api.KVCheckNotExists, o.run),
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.run, Flags: ClaimFlags, Session: id, Value: val}},
+	})
+	cancel()
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return 0, txnError("claim "+o.name, rb)
+	case rb != nil && rb.failed(1):
+		return 0, o.running(ctx, period)
+	case rb != nil && rb.failed(0):
+		return 0, errRecordMoved
+	case err != nil:
+		return 0, o.fail(ctx, err)
+	}
+	for _, r := range resp.Results {
+		if r.KV != nil && r.KV.Key == o.record {
+			return r.KV.ModifyIndex, nil
+		}
+	}
+	return 0, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
+}
+
+// claim returns the Claim of period, made with session id (asked for at
+// sent) by the transaction with index token, answered at got.
+func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.Time) *Claim {
+	c := &Claim{o: o, id: id, period: period, made: got}
+	ttl := o.sched.AtMost / 2
+	keeper := core.NewKeeper(sent, ttl, ttl/5)
+	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
+	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
+		endWithSession()
+		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
+	})
+	return c
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
@@ -196,24 +213,14 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 		"Behavior":   api.SessionBehaviorDelete,
 		"NodeChecks": []string{},
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	var out struct{ ID string }
-	var err error
-	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
-		_, err = o.s.client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
-		return err
-	})
+	id, _, err := createSession(ctx, o.s.client, body)
 	if err != nil {
 		if c := statusCode(err); c == 0 || c >= 500 && !refused(err) {
 			o.leftover(ctx, name, ttl) // no answer, or an error the agent gave while the servers may have applied it
 		}
 		return "", apiError("create claim session", err)
 	}
-	if out.ID == "" {
-		return "", errors.New("holdfast/consul: create claim session: empty session ID in the answer")
-	}
-	return out.ID, nil
+	return id, nil
 }
 
 // claimCleanup bounds the destruction of a session a claim did not use, so
@@ -415,30 +422,10 @@ func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	if !c.base.Held() {
 		return nil, c.base.NotHeld()
 	}
-	guard := claimGuard(c)
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := c.o.s.txn(ctx, append(guard, ops...))
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
-		if rb.denied() {
-			return nil, txnError("guarded transaction on "+c.Key(), rb)
-		}
+	return c.o.s.guardedTxn(ctx, c.Key(), claimGuard(c), ops, func() error {
 		c.base.Lose(fmt.Errorf("%w: %s is no longer held by claim session %s", holdfast.ErrLost, c.Key(), c.id))
-		return nil, c.base.NotHeld()
-	case rb != nil:
-		for _, e := range resp.Errors {
-			e.OpIndex -= len(guard)
-		}
-		return resp, txnError("guarded transaction on "+c.Key(), rb)
-	case err != nil:
-		return nil, err
-	}
-	if len(resp.Results) >= len(guard) {
-		resp.Results = resp.Results[len(guard):]
-	}
-	return resp, nil
+		return c.base.NotHeld()
+	})
 }
 
 // release ends the run in Consul (one attempt; the core retries it): it

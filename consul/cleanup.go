@@ -134,60 +134,53 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 // us and left it alone, so if its entry went, read again.
 func (m *Mutex) repairTail(ctx context.Context) error {
 	for range maxLeaveAttempts {
-		resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
-		var rb *rollback
-		switch {
-		case errors.As(err, &rb):
-			return txnError("read "+m.name, rb)
-		case err != nil:
+		v, err := m.read(ctx)
+		if err != nil {
 			return err
 		}
-		v := m.parse(resp.Results)
 		// Dead entries (left by sessions with Behavior release) go too: once
 		// the tail key is gone, a contender takes the lock without reading
 		// the queue, and they would stay (before: TestRepairTailDropsDead).
 		m.s.dropDead(ctx, v.dead)
-		if v.tail == nil {
-			return nil
-		}
 		if t, ok := m.tailEntry(v.tail); !ok || t.session != m.s.id {
-			return nil // somebody queued since
+			return nil // gone, or somebody queued since
 		}
-		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
-		var wrote *api.TxnResponse
-		plain := false
-		for ; ; plain = true {
-			if len(v.queue) > 0 {
-				// Name the last live entry, acquired with its session (see
-				// tailSuffix).
-				last := v.queue[len(v.queue)-1]
-				ops = append(api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex), checkIndex(last.Key, last.ModifyIndex)},
-					m.tailOps(last.Session, fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex), plain)[1])
-			}
-			rb = nil
-			wrote, err = m.s.txn(ctx, ops)
-			if errors.As(err, &rb) && !plain && rb.delayedOnly(2) {
-				continue // a lock-delay on the tail key: write it plain
-			}
-			break
-		}
-		switch {
-		case rb != nil && rb.denied():
+		if again, err := m.pointTail(ctx, v); !again {
 			return err
-		case rb != nil && rb.failed(0):
-			return nil // somebody queued since
-		case rb != nil:
-			continue // the entry we meant to name went meanwhile: read again
 		}
-		if err == nil && plain && len(v.queue) > 0 {
-			last := v.queue[len(v.queue)-1]
-			for _, r := range wrote.Results {
-				if r.KV != nil && r.KV.Key == m.tailKey {
-					m.relockTail(last.Session, last.CreateIndex, r.KV.ModifyIndex)
-				}
-			}
-		}
-		return err
 	}
 	return nil
+}
+
+// pointTail replaces v.tail, the tail key naming our gone entry, by one
+// naming the last live entry of v (none: it deletes it), guarded by both
+// being as read. again: that entry went meanwhile, read again.
+func (m *Mutex) pointTail(ctx context.Context, v view) (again bool, err error) {
+	resp, plain, err := m.sendTail(ctx, m.s.txn, func(plain bool) api.TxnOps {
+		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
+		if len(v.queue) == 0 {
+			return ops
+		}
+		// Name the last live entry, acquired with its session (see
+		// tailSuffix).
+		last := v.queue[len(v.queue)-1]
+		return append(ops, checkIndex(last.Key, last.ModifyIndex),
+			m.tailOps(last.Session, fmt.Appendf(nil, "%s %d", last.Session, last.CreateIndex), plain)[1])
+	})
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.denied():
+		return false, err
+	case rb != nil:
+		return !rb.failed(0), nil // failed(0): somebody queued since
+	case err != nil || !plain:
+		return false, err
+	}
+	last := v.queue[len(v.queue)-1]
+	for _, r := range resp.Results {
+		if r.KV != nil && r.KV.Key == m.tailKey {
+			m.relockTail(last.Session, last.CreateIndex, r.KV.ModifyIndex)
+		}
+	}
+	return false, nil
 }

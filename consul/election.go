@@ -215,29 +215,32 @@ func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
 	go func() {
 		defer stop()
 		defer close(out)
-		var pending holdfast.Leader
-		have := false
-		for {
-			var send chan<- holdfast.Leader
-			if have {
-				send = out
-			}
-			select {
-			case l, ok := <-latest:
-				if !ok {
-					return
-				}
-				pending, have = l, true
-			case send <- pending:
-				have = false
-			case <-ctx.Done():
-				for range latest { // let follow end
-				}
-				return
-			}
-		}
+		deliver(ctx, latest, out)
 	}()
 	return out
+}
+
+// deliver sends out the leaders received from latest, only the newest one
+// if out's reader is slower, until latest is closed or ctx ends (then it
+// drains latest until follow closes it).
+func deliver(ctx context.Context, latest <-chan holdfast.Leader, out chan<- holdfast.Leader) {
+	var pending holdfast.Leader
+	var send chan<- holdfast.Leader // out while pending is unsent
+	for {
+		select {
+		case l, ok := <-latest:
+			if !ok {
+				return
+			}
+			pending, send = l, out
+		case send <- pending:
+			send = nil
+		case <-ctx.Done():
+			for range latest { // let follow end
+			}
+			return
+		}
+	}
 }
 
 // follow puts the leader in latest (replacing what is there unread) each

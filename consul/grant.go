@@ -137,24 +137,32 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	if !g.base.Held() {
 		return nil, g.base.NotHeld()
 	}
-	guard := txnGuard(g.Key(), g.s.id)
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := g.s.txn(ctx, append(guard, ops...))
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
-		if rb.denied() {
-			return nil, txnError("guarded transaction on "+g.Key(), rb)
-		}
+	return g.s.guardedTxn(ctx, g.Key(), txnGuard(g.Key(), g.s.id), ops, func() error {
 		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.Key(), g.s.id))
 		g.s.checkSoon()
-		return nil, g.base.NotHeld()
+		return g.base.NotHeld()
+	})
+}
+
+// guardedTxn sends guard, then ops, in one transaction for Txn on what.
+// If guard fails, the error is lost's (an ACL refusal's, if it was one);
+// if one of ops fails, the response is returned too, its Errors indexed in
+// ops. On success the response's Results are those of ops.
+func (s *Session) guardedTxn(ctx context.Context, what string, guard, ops api.TxnOps, lost func() error) (*api.TxnResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.txn(ctx, append(guard, ops...))
+	var rb *rollback
+	switch {
+	case errors.As(err, &rb) && rb.failedBefore(len(guard)) && !rb.denied():
+		return nil, lost()
+	case rb != nil && rb.failedBefore(len(guard)):
+		return nil, txnError("guarded transaction on "+what, rb)
 	case rb != nil:
 		for _, e := range resp.Errors {
 			e.OpIndex -= len(guard)
 		}
-		return resp, txnError("guarded transaction on "+g.Key(), rb)
+		return resp, txnError("guarded transaction on "+what, rb)
 	case err != nil:
 		return nil, err
 	}

@@ -45,41 +45,54 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 		return nil, apiError("inspect "+name, err)
 	}
 	st := &holdfast.State{Name: name, Index: meta.LastIndex}
-	sessions := map[string]*api.SessionEntry{}
-	contender := func(p *api.KVPair) holdfast.Contender {
-		ct := holdfast.Contender{Key: p.Key, Session: p.Session, Left: -1}
-		s, ok := sessions[p.Session]
-		if !ok {
-			s, _, _ = c.Session().Info(p.Session, (&api.QueryOptions{}).WithContext(ctx)) // nil: unknown
-			sessions[p.Session] = s
-		}
-		if s != nil {
-			ct.TTL, _ = time.ParseDuration(s.TTL)
-			ct.LockDelay = s.LockDelay
-		}
-		return ct
-	}
-	if inspectClaim(st, pairs, contender) {
+	in := &inspector{ctx: ctx, c: c, sessions: map[string]*api.SessionEntry{}}
+	if inspectClaim(st, pairs, in) {
 		return st, nil
 	}
-	lockKey := LockKey(name)
-	var lock *api.KVPair
-	for _, p := range pairs {
-		if p.Key == lockKey {
-			lock = p
-		}
+	i := slices.IndexFunc(pairs, func(p *api.KVPair) bool { return p.Key == LockKey(name) })
+	switch {
+	case i < 0:
+		inspectLock(st, nil, pairs, in)
+	case pairs[i].Flags == api.SemaphoreFlagValue || pairs[i].Flags == RWMutexFlagValue:
+		inspectPermits(st, pairs[i], pairs, in)
+	default:
+		inspectLock(st, pairs[i], pairs, in)
 	}
-	if lock != nil && (lock.Flags == api.SemaphoreFlagValue || lock.Flags == RWMutexFlagValue) {
-		inspectPermits(st, lock, pairs, contender)
-		return st, nil
-	}
+	return st, nil
+}
 
-	// A lock or an election: the lock key, and holdfast's queue.
-	queuePrefix, tailKey := name+queueInfix, name+tailSuffix
+// inspector describes the contenders that Inspect finds, looking up each
+// session once.
+type inspector struct {
+	ctx      context.Context
+	c        *api.Client
+	sessions map[string]*api.SessionEntry // nil: unknown
+}
+
+// contender describes p, a key held by a session, with that session's TTL
+// and lock-delay.
+func (in *inspector) contender(p *api.KVPair) holdfast.Contender {
+	ct := holdfast.Contender{Key: p.Key, Session: p.Session, Left: -1}
+	s, ok := in.sessions[p.Session]
+	if !ok {
+		s, _, _ = in.c.Session().Info(p.Session, (&api.QueryOptions{}).WithContext(in.ctx))
+		in.sessions[p.Session] = s
+	}
+	if s != nil {
+		ct.TTL, _ = time.ParseDuration(s.TTL)
+		ct.LockDelay = s.LockDelay
+	}
+	return ct
+}
+
+// inspectLock fills st from a lock's or an election's keys: the lock key
+// (nil if absent), and holdfast's queue in order.
+func inspectLock(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, in *inspector) {
+	queuePrefix, tailKey := st.Name+queueInfix, st.Name+tailSuffix
 	var queue []*api.KVPair
 	for _, p := range pairs {
 		switch id, inQueue := strings.CutPrefix(p.Key, queuePrefix); {
-		case p.Key == lockKey && p.Flags == api.LockFlagValue, p.Key == tailKey:
+		case p == lock && p.Flags == api.LockFlagValue, p.Key == tailKey:
 		case inQueue && id != "" && !strings.Contains(id, "/"):
 			if p.Session != "" && (lock == nil || p.Session != lock.Session) { // else a dead entry, or the holder's own
 				queue = append(queue, p)
@@ -91,9 +104,8 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 	}
 	if lock != nil && lock.Flags == api.LockFlagValue {
 		st.Kind = holdfast.KindLock
-		v := string(lock.Value)
 		ct := holdfast.Contender{Origin: holdfast.OriginHoldfast, Token: holdfast.Token(tokenOf(lock))}
-		switch {
+		switch v := string(lock.Value); {
 		case strings.HasPrefix(v, valueTaken):
 		case v == "":
 			ct.Origin = holdfast.OriginNative
@@ -102,34 +114,32 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 			ct.Origin, ct.Value, ct.Token = holdfast.OriginUnknown, lock.Value, leaderOf(lock).Term
 		}
 		if lock.Session != "" {
-			h := contender(lock)
+			h := in.contender(lock)
 			h.Origin, h.Value, h.Token = ct.Origin, ct.Value, ct.Token
 			st.Holders = append(st.Holders, h)
 		}
 	}
-	slices.SortFunc(queue, func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
+	slices.SortFunc(queue, byArrival)
 	for _, p := range queue {
-		w := contender(p)
+		w := in.contender(p)
 		w.Origin = holdfast.OriginHoldfast
 		st.Waiters = append(st.Waiters, w)
 	}
-	return st, nil
 }
+
+// byArrival orders keys by CreateIndex.
+func byArrival(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) }
 
 // inspectPermits fills st from a semaphore's or a read-write lock's keys
 // (api.Semaphore's layout, see Semaphore and RWMutex): the holders that
 // the lock key names and that still hold their contender key, then the
 // other live contenders, each group by arrival (CreateIndex).
-func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, contender func(*api.KVPair) holdfast.Contender) {
-	rw := lock.Flags == RWMutexFlagValue
-	var ps permitState
-	var err error
-	if rw {
+func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, in *inspector) {
+	st.Kind = holdfast.KindSemaphore
+	ps, err := decodeSemaphoreLock(lock.Value, 0)
+	if lock.Flags == RWMutexFlagValue {
 		st.Kind = holdfast.KindRWMutex
 		ps, err = decodeRWLock(lock.Value)
-	} else {
-		st.Kind = holdfast.KindSemaphore
-		ps, err = decodeSemaphoreLock(lock.Value, 0)
 	}
 	if err != nil {
 		st.Other = append(st.Other, fmt.Sprintf("%s (%v)", lock.Key, err))
@@ -138,53 +148,53 @@ func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, con
 	var holders, waiters []*api.KVPair
 	for _, p := range pairs {
 		id, _ := strings.CutPrefix(p.Key, st.Name+"/")
-		switch {
+		switch _, held := ps.holders[p.Session]; {
 		case p == lock:
 		case strings.Contains(id, "/") || p.Flags != lock.Flags:
 			st.Other = append(st.Other, p.Key)
 		case p.Session == "":
 			// a dead contender's key, pruned by the next write
+		case held:
+			holders = append(holders, p)
 		default:
-			if _, in := ps.holders[p.Session]; in {
-				holders = append(holders, p)
-			} else {
-				waiters = append(waiters, p)
-			}
+			waiters = append(waiters, p)
 		}
 	}
-	byArrival := func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) }
 	slices.SortFunc(holders, byArrival)
 	slices.SortFunc(waiters, byArrival)
-	describe := func(p *api.KVPair, held bool) holdfast.Contender {
-		ct := contender(p)
-		switch v := string(p.Value); v {
-		case valHeld, valHeldNext, valDowngraded:
-			ct.Origin = holdfast.OriginHoldfast
-			if held {
-				ct.Token = holdfast.Token(p.ModifyIndex) // the write that admitted it
-			}
-		case valWait, valRead, valWrite:
-			ct.Origin = holdfast.OriginHoldfast
-		default:
-			ct.Origin = holdfast.OriginNative
-			if len(p.Value) > 0 {
-				ct.Value = p.Value
-			}
-		}
-		if rw {
-			ct.Mode = "read"
-			if exclusive, in := ps.holders[p.Session]; in && exclusive || !in && string(p.Value) == valWrite {
-				ct.Mode = "write"
-			}
-		}
-		return ct
-	}
 	for _, p := range holders {
-		st.Holders = append(st.Holders, describe(p, true))
+		st.Holders = append(st.Holders, in.permit(p, ps, st.Kind, true))
 	}
 	for _, p := range waiters {
-		st.Waiters = append(st.Waiters, describe(p, false))
+		st.Waiters = append(st.Waiters, in.permit(p, ps, st.Kind, false))
 	}
+}
+
+// permit describes p, a contender key of a semaphore or read-write lock
+// (kind) whose lock key says ps; held: p is a holder's.
+func (in *inspector) permit(p *api.KVPair, ps permitState, kind holdfast.Kind, held bool) holdfast.Contender {
+	ct := in.contender(p)
+	switch v := string(p.Value); v {
+	case valHeld, valHeldNext, valDowngraded:
+		ct.Origin = holdfast.OriginHoldfast
+		if held {
+			ct.Token = holdfast.Token(p.ModifyIndex) // the write that admitted it
+		}
+	case valWait, valRead, valWrite:
+		ct.Origin = holdfast.OriginHoldfast
+	default:
+		ct.Origin = holdfast.OriginNative
+		if len(p.Value) > 0 {
+			ct.Value = p.Value
+		}
+	}
+	if kind == holdfast.KindRWMutex {
+		ct.Mode = "read"
+		if exclusive, ok := ps.holders[p.Session]; ok && exclusive || !ok && string(p.Value) == valWrite {
+			ct.Mode = "write"
+		}
+	}
+	return ct
 }
 
 // inspectClaim fills st from a claim's keys (ClaimFlags, see Once) and
@@ -192,7 +202,7 @@ func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, con
 // run that holds the mark, if any; the other keys under the name are
 // Other. A claim key of an older holdfast (held, JSON) is shown as the
 // holder, its value as is.
-func inspectClaim(st *holdfast.State, pairs api.KVPairs, contender func(*api.KVPair) holdfast.Contender) bool {
+func inspectClaim(st *holdfast.State, pairs api.KVPairs, in *inspector) bool {
 	record, run := st.Name+"/.claim", st.Name+"/.run"
 	var found bool
 	for _, p := range pairs {
@@ -210,7 +220,7 @@ func inspectClaim(st *holdfast.State, pairs api.KVPairs, contender func(*api.KVP
 			st.Period, _ = core.ParsePeriod(p.Value)
 			st.PeriodToken = holdfast.Token(p.ModifyIndex)
 		default:
-			ct := contender(p)
+			ct := in.contender(p)
 			ct.Origin, ct.Token = holdfast.OriginHoldfast, holdfast.Token(p.ModifyIndex)
 			if _, ok := core.ParsePeriod(p.Value); !ok {
 				ct.Value = p.Value

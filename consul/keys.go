@@ -150,50 +150,19 @@ func (v view) waiting() int {
 func (m *Mutex) parse(results []*api.TxnResult) view {
 	var v view
 	seen := make(map[string]bool, len(results))
-	mine := m.queueKey + "/"
 	var children []*api.KVPair // other entries' links and marks
 	for _, r := range results {
-		e := r.KV
-		if e == nil || e.ModifyIndex == 0 {
-			continue
-		}
-		if e.Key == m.lockKey {
+		switch e := r.KV; {
+		case e == nil || e.ModifyIndex == 0:
+		case e.Key == m.lockKey:
 			v.lock = e
-			continue
-		}
-		if e.Key == m.tailKey {
+		case e.Key == m.tailKey:
 			v.tail = e
-			continue
-		}
-		if seen[e.Key] {
-			continue
-		}
-		seen[e.Key] = true
-		id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
-		sub, isMine := strings.CutPrefix(e.Key, mine)
-		switch {
-		case isMine:
-			v.child(m, sub, e)
-		case isQueue && id != "" && !strings.Contains(id, "/"):
-			if e.Session == "" {
-				v.dead = append(v.dead, e)
-				continue
+		case !seen[e.Key]:
+			seen[e.Key] = true
+			if v.add(m, e) {
+				children = append(children, e)
 			}
-			v.queue = append(v.queue, e)
-			if e.Key == m.queueKey && e.Session == m.s.id {
-				v.me = e
-			}
-		case isQueue && id != "": // another entry's links and marks
-			session, _, _ := strings.Cut(id, "/")
-			if strings.TrimPrefix(id, session) == heldSuffix && e.Session != "" {
-				if v.holders == nil {
-					v.holders = make(map[string]bool)
-				}
-				v.holders[session] = true
-			}
-			children = append(children, e)
-		case strings.HasPrefix(e.Key, m.prefix) && e.Session != "":
-			v.other = e.Key // a live lock of a longer name, or a foreign one
 		}
 	}
 	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
@@ -205,6 +174,37 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 		}
 	}
 	return v
+}
+
+// add notes e, a key under "<name>/" other than the lock and tail keys. It
+// reports whether e lies under another session's entry (a link or a mark).
+func (v *view) add(m *Mutex, e *api.KVPair) bool {
+	id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
+	session, sub, under := strings.Cut(id, "/")
+	switch {
+	case !isQueue || id == "":
+		if strings.HasPrefix(e.Key, m.prefix) && e.Session != "" {
+			v.other = e.Key // a live lock of a longer name, or a foreign one
+		}
+	case under && session == m.s.id:
+		v.child(m, sub, e)
+	case under:
+		if sub == heldSuffix[1:] && e.Session != "" {
+			if v.holders == nil {
+				v.holders = make(map[string]bool)
+			}
+			v.holders[session] = true
+		}
+		return true
+	case e.Session == "":
+		v.dead = append(v.dead, e)
+	default:
+		v.queue = append(v.queue, e)
+		if session == m.s.id && e.Session == m.s.id {
+			v.me = e
+		}
+	}
+	return false
 }
 
 // child notes e, the key sub under our entry.

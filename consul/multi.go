@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"errors"
-
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
@@ -148,28 +146,9 @@ func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse,
 	if !g.multi.Held() {
 		return nil, g.multi.NotHeld()
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := g.s.txn(ctx, append(guard, ops...))
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb) && rb.failedBefore(len(guard)):
-		if rb.denied() {
-			return nil, txnError("guarded transaction on "+fmt.Sprint(g.multi.Names()), rb)
-		}
+	return g.s.guardedTxn(ctx, fmt.Sprint(g.multi.Names()), guard, ops, func() error {
 		g.multi.Lose(fmt.Errorf("%w: a part's lock key is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.s.id))
 		g.s.checkSoon()
-		return nil, g.multi.NotHeld()
-	case rb != nil:
-		for _, e := range resp.Errors {
-			e.OpIndex -= len(guard)
-		}
-		return resp, txnError("guarded transaction on "+fmt.Sprint(g.multi.Names()), rb)
-	case err != nil:
-		return nil, err
-	}
-	if len(resp.Results) >= len(guard) {
-		resp.Results = resp.Results[len(guard):]
-	}
-	return resp, nil
+		return g.multi.NotHeld()
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -429,33 +430,20 @@ func (a *acquisition) delayLeft() time.Duration {
 // ModifyIndex). The token is the ModifyIndex of that write.
 func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (uint64, outcome, error) {
 	m := a.m
-	plain := false // the tail key written plain (see tailOps)
-again:
-	ops := a.how.write(m, seen)
-	tailAt := -1 // the index of the tail key's write
-	if first {
-		guard := kvOp(api.KVCheckNotExists, m.tailKey)
-		if tail != nil {
-			guard = checkIndex(m.tailKey, tail.ModifyIndex)
-		}
-		ops = append(ops, guard,
-			kvOp(api.KVDeleteTree, m.queueKey),
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}})
-		tailAt = len(ops) + 1
-		ops = append(ops, m.tailOps(m.s.id, []byte(m.s.id), plain)...)
-	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + heldSuffix, Session: m.s.id}}, kvOp(api.KVGetTree, m.queueKey))
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	a.left = true // until we know the outcome
-	resp, err := a.send(rctx, ops)
+	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
+		ops := a.how.write(m, seen)
+		if first {
+			guard := kvOp(api.KVCheckNotExists, m.tailKey)
+			if tail != nil {
+				guard = checkIndex(m.tailKey, tail.ModifyIndex)
+			}
+			ops = append(append(ops, guard), m.queueOps(plain)...)
+		}
+		return append(ops, acquireOp(m.queueKey+heldSuffix, m.s.id, nil), kvOp(api.KVGetTree, m.queueKey))
+	})
 	var rb *rollback
 	switch {
-	case err == nil:
-	case errors.As(err, &rb) && !plain && rb.delayedOnly(tailAt):
-		plain = true
-		cancel()
-		goto again
 	case errors.As(err, &rb) && rb.denied():
 		return 0, 0, txnError("acquire "+m.lockKey, rb)
 	case rb != nil && rb.lockDelayed():
@@ -466,7 +454,7 @@ again:
 	case rb != nil:
 		a.left = a.queueIndex != 0
 		return 0, busy, nil
-	default:
+	case err != nil:
 		return 0, 0, err
 	}
 	v := m.parse(resp.Results)
@@ -474,10 +462,7 @@ again:
 		return 0, 0, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry of ours")
 	}
 	if first {
-		a.queueIndex, a.tailIndex = v.me.CreateIndex, v.me.CreateIndex
-		if plain {
-			m.relockTail(m.s.id, a.queueIndex, a.tailIndex)
-		}
+		a.queued(v.me, plain)
 	} else if a.plainTail {
 		// The lock-delay that refused our tail key's acquire is likely
 		// over too: try it at once (see relockTail).
@@ -492,40 +477,65 @@ again:
 	return v.lock.ModifyIndex, taken, nil
 }
 
+// queueOps returns the operations that create our entry (replacing a
+// leftover of ours, with its subtree) and point the tail key at it (see
+// tailOps).
+func (m *Mutex) queueOps(plain bool) api.TxnOps {
+	return append(api.TxnOps{kvOp(api.KVDeleteTree, m.queueKey), acquireOp(m.queueKey, m.s.id, m.entryValue())},
+		m.tailOps(m.s.id, []byte(m.s.id), plain)...)
+}
+
+// sendTail sends ops(false) with send (a.send, or the session's txn), a
+// write that may point the tail key at an entry (see tailOps), bounded by
+// requestTimeout. If a lock-delay refused only the tail key's acquire, it
+// sends ops(true), with the tail key written plain, and reports so.
+func (m *Mutex) sendTail(ctx context.Context, send func(context.Context, api.TxnOps) (*api.TxnResponse, error), ops func(plain bool) api.TxnOps) (resp *api.TxnResponse, plain bool, err error) {
+	for {
+		o := ops(plain)
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err = send(rctx, o)
+		cancel()
+		tailAt := slices.IndexFunc(o, func(op *api.TxnOp) bool { return op.KV.Verb == api.KVLock && op.KV.Key == m.tailKey })
+		var rb *rollback
+		if plain || tailAt < 0 || !errors.As(err, &rb) || !rb.delayedOnly(tailAt) {
+			return resp, plain, err
+		}
+		plain = true
+	}
+}
+
+// queued notes our entry me, just created, as the tail key names it (plain:
+// written with no session, see relockTail).
+func (a *acquisition) queued(me *api.KVPair, plain bool) {
+	a.queueIndex, a.tailIndex = me.CreateIndex, me.CreateIndex
+	if a.since == 0 {
+		a.since = me.CreateIndex
+	}
+	if a.plainTail = plain; plain {
+		a.m.relockTail(a.m.s.id, a.queueIndex, a.tailIndex)
+	}
+}
+
 // enqueue creates our entry (step 2) and returns the lock key read in the
 // same transaction, which also reads the tail key and sets it to us: the
 // entry it named is our predecessor. A leftover entry of ours is replaced,
 // with its subtree, so that our place is always at the back.
 func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
-	plain := false // the tail key written plain (see tailOps)
-again:
-	ops := append(append(api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey)}, m.tailOps(m.s.id, []byte(m.s.id), plain)...),
-		kvOp(api.KVGetTree, m.queueKey+"/"),
-		kvOp(api.KVDeleteTree, m.queueKey),
-		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey, Session: m.s.id, Value: m.entryValue()}},
-		kvOp(api.KVGetOrEmpty, m.lockKey),
-	)
 	a.left = true
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := a.send(rctx, ops)
+	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
+		ops := api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey), kvOp(api.KVGetTree, m.queueKey+"/")}
+		return append(append(ops, m.queueOps(plain)...), kvOp(api.KVGetOrEmpty, m.lockKey))
+	})
 	var rb *rollback
 	switch {
-	case err == nil:
-	case errors.As(err, &rb) && !plain && rb.delayedOnly(2):
-		plain = true
-		cancel()
-		goto again
-	case errors.As(err, &rb) && rb.denied():
-		return nil, txnError("queue up on "+m.name, rb)
-	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
+	case errors.As(err, &rb) && !rb.denied() && (rb.sessionGone() || rb.lockDelayed()):
 		// Our own entry can only be in a lock-delay if our session was
 		// invalidated.
 		return nil, m.s.ended()
 	case rb != nil:
 		return nil, txnError("queue up on "+m.name, rb)
-	default:
+	case err != nil:
 		return nil, err
 	}
 	var tail, me, lock *api.KVPair
@@ -540,30 +550,15 @@ again:
 		case e.Key == m.lockKey && e.ModifyIndex != 0:
 			lock = e
 		case strings.HasPrefix(e.Key, m.queueKey+"/"):
-			if op := wakeOp(e); op != nil {
-				wake = append(wake, op)
-			}
+			wake = appendWake(wake, e)
 		}
 	}
 	if me == nil {
 		return nil, errors.New("holdfast/consul: queue up: Consul's answer has no queue entry of ours")
 	}
-	a.queueIndex, a.tailIndex, a.mine = me.CreateIndex, me.CreateIndex, me.CreateIndex
-	if a.plainTail = plain; plain {
-		m.relockTail(m.s.id, a.queueIndex, a.tailIndex)
-	}
-	if a.since == 0 {
-		a.since = me.CreateIndex
-	}
-	a.pred, a.linked, a.lost, a.next = nil, false, false, nil
-	if p, ok := m.tailEntry(tail); ok {
-		a.pred = &p
-		// Our own earlier entry (it was replaced): we do not know who
-		// queued before it.
-		a.lost = p.session == m.s.id
-	} else if tail != nil && tail.ModifyIndex != 0 {
-		a.lost = true // a tail we cannot read
-	}
+	a.queued(me, plain)
+	a.mine = me.CreateIndex
+	a.behind(tail)
 	if lock != nil && lock.Session == m.s.id && !a.handedToUs(lock) {
 		// A handoff to a leftover entry of ours (a request of a failed
 		// acquisition that landed after its cleanup): no grant of ours
@@ -574,12 +569,21 @@ again:
 		}
 		lock, a.lost = nil, true
 	}
-	if len(wake) > 0 {
-		if _, err := m.s.txn(ctx, wake[:min(len(wake), MaxTxnOps)]); err != nil {
-			return nil, err
-		}
+	return lock, m.s.wake(ctx, wake)
+}
+
+// behind notes our predecessor: the entry that the tail key named before
+// we queued (none: we are the head).
+func (a *acquisition) behind(tail *api.KVPair) {
+	a.pred, a.linked, a.lost, a.next = nil, false, false, nil
+	if p, ok := a.m.tailEntry(tail); ok {
+		a.pred = &p
+		// Our own earlier entry (it was replaced): we do not know who
+		// queued before it.
+		a.lost = p.session == a.m.s.id
+	} else if tail != nil && tail.ModifyIndex != 0 {
+		a.lost = true // a tail we cannot read
 	}
-	return lock, nil
 }
 
 // list returns the names right under "<name>/" (the keys with separator

@@ -158,17 +158,10 @@ func (g *lockHold) send(ctx context.Context, ops api.TxnOps, held int) error {
 		var wake api.TxnOps
 		for _, r := range resp.Results {
 			if e := r.KV; e != nil && strings.HasPrefix(e.Key, g.m.queueKey+nextInfix) && (g.next == nil || !strings.HasSuffix(e.Key, nextInfix+g.next.session)) {
-				if op := wakeOp(e); op != nil {
-					wake = append(wake, op)
-				}
+				wake = appendWake(wake, e)
 			}
 		}
-		if len(wake) > 0 {
-			_ = core.Retry(ctx, func(actx context.Context) error {
-				_, err := g.m.s.txn(actx, wake[:min(len(wake), MaxTxnOps)])
-				return err
-			})
-		}
+		_ = core.Retry(ctx, func(actx context.Context) error { return g.m.s.wake(actx, wake) })
 		return nil
 	case errors.As(err, &rb) && rb.denied():
 		return txnError("unlock "+g.m.lockKey, rb)
@@ -270,9 +263,7 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 		case e.Key == m.tailKey:
 			tail = e
 		case strings.HasPrefix(e.Key, m.queueKey+"/"):
-			if op := wakeOp(e); op != nil {
-				wake = append(wake, op)
-			}
+			wake = appendWake(wake, e)
 		}
 	}
 	if len(wake) > 0 {
@@ -289,22 +280,31 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	return lock, nil
 }
 
-// wakeOp returns what wakes the waiter that e, a key under a queue entry E
-// that is gone, stands for (nil if none): for the link "E/next/W" of a live
-// waiter W, the deletion of W's anchor "W/prev/E"; for E's anchor
+// appendWake appends to ops what wakes the waiter that e, a key under a
+// queue entry E that is gone, stands for: for the link "E/next/W" of a
+// live waiter W, the deletion of W's anchor "W/prev/E"; for E's anchor
 // "E/prev/P", the deletion of E's link under P ("P/next/E").
-func wakeOp(e *api.KVPair) *api.TxnOp {
+func appendWake(ops api.TxnOps, e *api.KVPair) api.TxnOps {
 	i := strings.LastIndex(e.Key, queueInfix)
 	if i < 0 {
-		return nil
+		return ops
 	}
 	prefix := e.Key[:i+len(queueInfix)]
 	entry, sub, _ := strings.Cut(e.Key[i+len(queueInfix):], "/")
 	if w, ok := strings.CutPrefix(sub, nextInfix[1:]); ok && w != "" && e.Session != "" {
-		return kvOp(api.KVDelete, prefix+w+prevInfix+entry)
+		return append(ops, kvOp(api.KVDelete, prefix+w+prevInfix+entry))
 	}
 	if p, ok := strings.CutPrefix(sub, prevInfix[1:]); ok && p != "" {
-		return kvOp(api.KVDelete, prefix+p+nextInfix+entry)
+		return append(ops, kvOp(api.KVDelete, prefix+p+nextInfix+entry))
 	}
-	return nil
+	return ops
+}
+
+// wake sends ops, wake-ups (see appendWake), at most MaxTxnOps of them.
+func (s *Session) wake(ctx context.Context, ops api.TxnOps) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	_, err := s.txn(ctx, ops[:min(len(ops), MaxTxnOps)])
+	return err
 }

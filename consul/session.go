@@ -320,8 +320,6 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 
 func openSession(ctx context.Context, client *api.Client, owned *http.Transport, cfg sessionConfig) (*Session, error) {
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
-	// The Go API omits a zero LockDelay (and then the server applies 15 s),
-	// so the body is written here, with every field explicit.
 	checks := cfg.nodeChecks
 	if checks == nil {
 		checks = []string{}
@@ -333,26 +331,14 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 		"Behavior":   cfg.behavior,
 		"NodeChecks": checks,
 	}
-	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	var out struct{ ID string }
-	var sent time.Time
-	var err error
-	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(cctx, func(ctx context.Context) error {
-		sent = time.Now()
-		_, err = client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
-		return err
-	})
+	id, sent, err := createSession(ctx, client, body)
 	if err != nil {
 		return nil, apiError("create session", err)
-	}
-	if out.ID == "" {
-		return nil, errors.New("holdfast/consul: create session: empty session ID in the answer")
 	}
 	s := &Session{
 		client:    client,
 		owned:     owned,
-		id:        out.ID,
+		id:        id,
 		cfg:       cfg,
 		keeper:    core.NewKeeper(sent, cfg.ttl, cfg.margin),
 		checkNow:  make(chan struct{}, 1),
@@ -361,7 +347,7 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 		abandoned: make(map[string]leftover),
 	}
 	if cfg.logger != nil {
-		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "consul", "session", out.ID))
+		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "consul", "session", id))
 	}
 	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
@@ -371,6 +357,25 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 	go s.renew(bctx)
 	go s.watch(bctx)
 	return s, nil
+}
+
+// createSession creates a session with the fields of body, every one
+// explicit (the Go API omits a zero LockDelay, and the server then applies
+// 15 s), sending it again while Consul refuses it without applying it (see
+// refused), within requestTimeout. sent is when the last attempt was sent.
+func createSession(ctx context.Context, client *api.Client, body map[string]any) (id string, sent time.Time, err error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	var out struct{ ID string }
+	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
+		sent = time.Now()
+		_, err = client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
+		return err
+	})
+	if err == nil && out.ID == "" {
+		err = errors.New("empty session ID in the answer")
+	}
+	return out.ID, sent, err
 }
 
 // ceilMillis is d in milliseconds, rounded up.

@@ -74,6 +74,12 @@ func lockOp(key, session string, value []byte) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Flags: api.LockFlagValue, Session: session, Value: value}}
 }
 
+// acquireOp is a lock operation with no flags: a queue entry's, or a key
+// under it.
+func acquireOp(key, session string, value []byte) *api.TxnOp {
+	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Session: session, Value: value}}
+}
+
 // rollback is a /v1/txn transaction that Consul rolled back (HTTP 409):
 // nothing of it was applied. errs says which operations failed and why.
 type rollback struct {

@@ -101,7 +101,7 @@ func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bo
 // dropDead deletes keys whose session is gone (queue entries with their
 // subtrees, contender keys, left by sessions with Behavior release), at most
 // maxDropDead at a time, and wakes the waiters whose links or anchors lay
-// under a gone entry (see wakeOp). Nobody may read them again: a request
+// under a gone entry (see appendWake). Nobody may read them again: a request
 // that gets no answer is retried in the session's background while it
 // lives; a failed check-and-set means they were dropped already.
 func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
@@ -114,8 +114,8 @@ func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 		ops = append(ops, deleteCAS(e.Key, e.ModifyIndex))
 		if i := strings.Index(e.Key, queueInfix); i >= 0 && !strings.Contains(e.Key[i+len(queueInfix):], "/") {
 			ops = append(ops, kvOp(api.KVDeleteTree, e.Key+"/")) // a queue entry's links and marks
-		} else if op := wakeOp(e); op != nil {
-			ops = append(ops, op) // a link or anchor under a gone entry: wake its waiter
+		} else {
+			ops = appendWake(ops, e) // a link or anchor under a gone entry: wake its waiter
 		}
 	}
 	drop := func(ctx context.Context) error {

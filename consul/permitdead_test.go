@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/holdfast/holdfast"
 )
 
@@ -148,5 +150,29 @@ func TestPermitDeadOtherKind(t *testing.T) {
 			}
 			waitFor(t, cleanupBound, "nothing left under the name", func() bool { return len(keys(t, admin, name)) == 0 })
 		})
+	}
+}
+
+// TestWatchKeyBound: a bounded watch of a key that does not change returns
+// nil once its bound has passed (the head's handoffPatience relies on it).
+// Before, it returned the unchanged key, which the head took for a change:
+// it read again and waited its patience twice (the chain's second waiter of
+// TestPermitWaiterWokenByDeadHolder admitted 213-217 ms after its holder's
+// session ended, 1 ms now).
+func TestWatchKeyBound(t *testing.T) {
+	a := agent(t)
+	s := newSession(t, a.Client(t))
+	key := uniqueName(t)
+	if _, err := a.Client(t).KV().Put(&api.KVPair{Key: key, Value: []byte("x")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = a.Client(t).KV().Delete(key, nil) })
+	pair, _, err := a.Client(t).KV().Get(key, nil)
+	if err != nil || pair == nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	got, err := s.watchKey(timeout(t, 5*time.Second), key, pair.ModifyIndex, 100*time.Millisecond)
+	if err != nil || got != nil {
+		t.Fatalf("watchKey of an unchanged key past its bound: %+v, %v; want nil, nil", got, err)
 	}
 }

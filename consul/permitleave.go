@@ -150,19 +150,17 @@ func (p *permits) holderLeaves(v pview, how leaveMode) (ops api.TxnOps, after bo
 }
 
 // waiterLeaves are the writes of a waiter's leave from v (step 5): our key
-// deleted by CAS, and the baton passed: the waiters that now fit admitted
-// (we may have been the head, with room), and the lock key written in any
-// case, so that a release based on a read made before the waiters behind
-// us joined fails its CAS and reads again (it would hand the permit to
-// nobody, and the new head, watching its own key, would not know). after: a
-// waiter behind us that joined after our read may trust us to admit it.
+// deleted by CAS, and the waiters that now fit admitted (we may have been
+// the head, with room). after: a waiter behind us that joined after our
+// read may trust us to admit it. The waiter behind us watches our key, so
+// it learns of our leaving; a release that was to admit us fails its CAS
+// on our key and reads again.
 func (p *permits) waiterLeaves(v pview) (ops api.TxnOps, after bool) {
 	ops = api.TxnOps{deleteCAS(p.myKey, v.me.ModifyIndex)}
 	if v.err != nil {
 		return ops, false
 	}
-	if others := v.others(p); len(others) > 0 {
-		st, admitted := p.admit(v.st, others)
+	if st, admitted := p.admit(v.st, v.others(p)); len(admitted) > 0 {
 		ops = append(ops, p.writeOps(v, st, admitted)...)
 	}
 	return ops, true

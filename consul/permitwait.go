@@ -212,7 +212,7 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 }
 
 // handoffPatience is how long the head of the queue first waits on its own
-// key, when every holdfast release hands a permit to it, before it also
+// key, which a holdfast release that admits it marks, before it also
 // watches for a holder's key gone with its session (the whole subtree,
 // woken by every join too): a dead holder's permit is free within it.
 const handoffPatience = 250 * time.Millisecond
@@ -221,58 +221,61 @@ const handoffPatience = 250 * time.Millisecond
 // in; if not, the caller reads again.
 func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, bool, error) {
 	ahead := v.ahead()
-	if len(ahead) == 0 { // 4. the head admits itself
-		return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
+	if len(ahead) > 0 { // 3. holdfast waiters are ahead of us
+		return a.behind(ctx, v, ahead[len(ahead)-1])
 	}
-	return a.behind(ctx, v, ahead[len(ahead)-1]) // 3. holdfast waiters are ahead of us
+	token, got, full, err := a.tryHead(ctx, v) // 4. the head admits itself
+	if err != nil || got || !full {
+		return token, got, err
+	}
+	// Patient only if .lock moved since we joined (releases are handing
+	// permits on); else its holders may be dead: watch the subtree at once.
+	return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 }
 
 // behind is the wait of a waiter behind others: the write that admits us
 // admits the waiter just ahead of us, pred, too (admissions go in queue
 // order), so we wait for pred's key to change (at most blockWait): admitted
 // with us (marked held+next by that write, whose index is our token too),
-// admitted alone (we are the head now, and that write came after we joined:
-// every holdfast release hands to us), gone, or dead. It reports whether
+// admitted alone (we are the head now), gone, or dead. It reports whether
 // we got in; if not, the caller reads again.
 func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, bool, error) {
 	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, blockWait)
-	if err != nil || next == nil || next.Session != pred.session || next.ModifyIndex <= pred.index {
+	switch {
+	case err != nil || next == nil || next.Session != pred.session || next.ModifyIndex <= pred.index:
 		return 0, false, err
-	}
-	switch string(next.Value) {
-	case valHeldNext:
+	case string(next.Value) == valHeldNext:
 		return next.ModifyIndex, true, nil
-	case valHeld:
-		if !v.foreign {
-			token, got, _, err := a.awaitHandoff(ctx, v.me, handoffPatience)
-			return token, got, err
-		}
+	case string(next.Value) == valHeld:
+		return a.atHead(ctx, v, !v.foreign) // v is older than that write: atHead reads first
 	}
 	return 0, false, nil
 }
 
-// atHead is the head of the queue's wait: while there is no room for us,
-// wait for the subtree to change, as api.Semaphore's waiter does (a release
-// admitting us, a holder's key gone or freed with its session, a foreign
-// contender's write), and admit us (with the waiters behind us that fit)
-// once there is. If patient (every holdfast release hands to us), it first
-// waits on our own key alone for handoffPatience. It reports whether we got
-// in; if not (no change within blockWait, or a change the caller sees to),
-// the caller reads again.
+// atHead is the wait of the head of the queue, whose view v has no room for
+// it. If patient (no foreign contender, whose release hands nothing over, is
+// about: every release that frees a permit hands it to us), it first waits
+// on its own key for handoffPatience. Then it waits for the subtree to
+// change, as api.Semaphore's waiter does (a release admitting us, a
+// holder's key gone or freed with its session, a foreign contender's
+// write), and admits us (with the waiters behind us that fit) once there is
+// room. It reports whether we got in; if not (no change within blockWait,
+// or a change the caller sees to), the caller reads again.
 func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, bool, error) {
 	p := a.p
+	if patient {
+		pair, err := p.s.watchKey(ctx, p.myKey, v.me.ModifyIndex, handoffPatience)
+		switch {
+		case err != nil:
+			return 0, false, err
+		case pair == nil:
+		case pair.Session == p.s.id && (string(pair.Value) == valHeld || string(pair.Value) == valHeldNext):
+			return pair.ModifyIndex, true, nil
+		default:
+			return 0, false, nil // our key changed otherwise
+		}
+	}
 	for {
-		token, got, full, err := a.tryHead(ctx, v)
-		if err != nil || got || !full {
-			return token, got, err
-		}
-		if patient {
-			patient = false
-			token, got, changed, err := a.awaitHandoff(ctx, v.me, handoffPatience)
-			if err != nil || got || changed {
-				return token, got, err
-			}
-		}
 		pairs, index, err := p.s.watchTree(ctx, p.prefix, v.index, blockWait)
 		if err != nil || pairs == nil {
 			return 0, false, err
@@ -288,23 +291,11 @@ func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, bool,
 		case v.err != nil || !v.waiting(p) || len(v.ahead()) > 0:
 			return 0, false, nil
 		}
+		token, got, full, err := a.tryHead(ctx, v)
+		if err != nil || got || !full {
+			return token, got, err
+		}
 	}
-}
-
-// awaitHandoff watches our own key, which a holdfast release that admits
-// us marks held with the token as its index, for at most bound. It reports
-// whether we got in, and whether our key changed otherwise.
-func (a *pacq) awaitHandoff(ctx context.Context, me *api.KVPair, bound time.Duration) (token uint64, got, changed bool, err error) {
-	pair, err := a.p.s.watchKey(ctx, a.p.myKey, me.ModifyIndex, bound)
-	switch {
-	case err != nil:
-		return 0, false, false, err
-	case pair == nil:
-		return 0, false, false, nil
-	case pair.Session == a.p.s.id && (string(pair.Value) == valHeld || string(pair.Value) == valHeldNext):
-		return pair.ModifyIndex, true, true, nil
-	}
-	return 0, false, true, nil
 }
 
 // tryHead admits us, at the head of the queue, if the lock key v.lock has

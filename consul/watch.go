@@ -58,7 +58,7 @@ func (s *Session) block(ctx context.Context, what string, bound time.Duration, q
 func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound time.Duration) (*api.KVPair, error) {
 	var pair *api.KVPair
 	wait := index
-	_, err := s.block(ctx, "watch "+key, bound, func(q *api.QueryOptions) (bool, error) {
+	changed, err := s.block(ctx, "watch "+key, bound, func(q *api.QueryOptions) (bool, error) {
 		q.WaitIndex = wait
 		p, meta, err := s.client.KV().Get(key, q)
 		if err != nil {
@@ -67,7 +67,7 @@ func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound 
 		pair, wait = p, max(meta.LastIndex, index)
 		return p == nil || p.ModifyIndex != index, nil
 	})
-	if err != nil {
+	if err != nil || !changed {
 		return nil, err
 	}
 	return pair, nil

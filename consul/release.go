@@ -46,6 +46,9 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 	if !errors.Is(context.Cause(gr.Context()), holdfast.ErrReleased) {
 		return g.drop(ctx, gr) // a lost grant
 	}
+	// Not core.Backoff: a stale attempt is not a failed request, and look
+	// answers it at once (a pause would delay the handoff); after four,
+	// errStale goes to the core's retry.
 	var err error
 	for i := 0; i < 4; i++ {
 		if g.next != nil {

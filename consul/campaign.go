@@ -7,36 +7,22 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// campaign is how an Election takes the lock key in the Mutex's queue: the
-// head creates the key anew with value, a handoff from a Mutex holder is
-// retaken with value, and the grant resigns instead of handing over
-// (docs/DESIGN.md, "Elections", steps 3-5).
-func campaign(value []byte) taking {
-	return taking{
-		write: func(m *Mutex, seen *api.KVPair) api.TxnOps {
-			guard := kvOp(api.KVCheckNotExists, m.lockKey)
-			if seen != nil {
-				guard = deleteCAS(m.lockKey, seen.ModifyIndex)
-			}
-			return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
-		},
-		handed: func(ctx context.Context, a *acquisition, _ uint64) (uint64, error) {
-			return retake(ctx, a, value)
-		},
-		resign: true,
-	}
-}
+// A campaign (an acquisition with campaign set) waits in the Mutex's queue
+// and differs in three places: the head creates the key anew with value
+// (takeOps), a handoff from a Mutex holder is retaken with value (handed),
+// and the grant resigns instead of handing over (hold); docs/DESIGN.md,
+// "Elections", steps 3-5.
 
 // retake takes a lock key handed to us by a Mutex holder (whose value is
 // the Mutex's): in one transaction, guarded by our session holding the key,
 // it deletes the key and acquires it anew with value. The term is that
 // write's index.
-func retake(ctx context.Context, a *acquisition, value []byte) (uint64, error) {
+func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	m := a.m
 	ops := api.TxnOps{
 		checkSession(m.lockKey, m.s.id),
 		kvOp(api.KVDelete, m.lockKey),
-		lockOp(m.lockKey, m.s.id, value),
+		lockOp(m.lockKey, m.s.id, a.value),
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()

@@ -49,7 +49,7 @@ func (e *Election) Name() string { return e.m.name }
 // deletes the key, guarded by our session holding it. A key handed over by
 // a holdfast Mutex on the same name is written anew with value (a new term).
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
-	g, err := e.m.acquire(ctx, false, campaign(value))
+	g, err := acquire(ctx, e.m.s, e.m.name, false, &e.m.reentry, &acquisition{m: e.m, campaign: true, value: value})
 	if err != nil {
 		return nil, err
 	}

@@ -98,13 +98,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, f
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
 
 func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
-	return m.acquire(ctx, try, lockTaking)
-}
-
-// acquire is Lock and TryLock, and with an election's taking its Campaign
-// (see campaign.go): the driver (acquire.go) runs the queue's algorithm.
-func (m *Mutex) acquire(ctx context.Context, try bool, how taking) (*Grant, error) {
-	return acquire(ctx, m.s, m.name, try, &m.reentry, &acquisition{m: m, how: how})
+	return acquire(ctx, m.s, m.name, try, &m.reentry, &acquisition{m: m})
 }
 
 // grant wraps an acquired lock key in a Grant whose context is a child of the

@@ -27,8 +27,12 @@ const (
 
 // acquisition is one Lock or TryLock call in progress.
 type acquisition struct {
-	m   *Mutex
-	how taking // how the lock key is taken: a Mutex's (lockTaking) or a campaign's (campaign.go)
+	m *Mutex
+	// campaign says that this is an Election's Campaign with the proposal
+	// value (campaign.go), not a Mutex's Lock: see takeOps, handed and
+	// hold, the only places where they differ.
+	campaign bool
+	value    []byte
 
 	// left is set once something of ours may be in Consul: a queue entry,
 	// or the lock key (an acquire of unknown outcome, a handoff to us). On
@@ -71,38 +75,37 @@ type acquisition struct {
 	plainTail bool
 }
 
-// taking is what differs between the acquisitions that wait in the queue:
-// a Mutex's Lock (lockTaking) and an Election's Campaign (campaign.go). The
-// queue's steps below are the same for both.
-type taking struct {
-	// write returns the operations that take the lock key as seen (nil if
-	// absent): a guard that it is still so, and the acquire with our value.
-	write func(m *Mutex, seen *api.KVPair) api.TxnOps
-	// handed accepts the lock key handed to us with token by the holder
-	// before us (step 5) and returns the grant's token.
-	handed func(ctx context.Context, a *acquisition, token uint64) (uint64, error)
-	// resign says that the grant never hands the lock key over: its release
-	// deletes it and wakes the next waiter, which takes it (see lockHold).
-	resign bool
+// takeOps returns the operations that take the lock key as seen (nil if
+// absent): a guard that it is still so, and the acquire with our value. A
+// campaign deletes a free key as seen and creates it anew (campaign.go).
+func (a *acquisition) takeOps(seen *api.KVPair) api.TxnOps {
+	m, value := a.m, []byte(valueTaken)
+	guard := kvOp(api.KVCheckNotExists, m.lockKey)
+	switch {
+	case a.campaign && seen != nil:
+		guard = deleteCAS(m.lockKey, seen.ModifyIndex)
+	case seen != nil:
+		guard = checkIndex(m.lockKey, seen.ModifyIndex)
+	}
+	if a.campaign {
+		value = a.value
+	}
+	return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
 }
 
-// lockTaking is a Mutex's: the lock key is acquired with valueTaken,
-// guarded by its ModifyIndex; a handoff is accepted as it is; the grant
-// hands the lock over on Unlock (lockHold).
-var lockTaking = taking{
-	write: func(m *Mutex, seen *api.KVPair) api.TxnOps {
-		guard := kvOp(api.KVCheckNotExists, m.lockKey)
-		if seen != nil {
-			guard = checkIndex(m.lockKey, seen.ModifyIndex)
-		}
-		return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, []byte(valueTaken))}
-	},
-	handed: func(_ context.Context, _ *acquisition, token uint64) (uint64, error) { return token, nil },
+// handed accepts the lock key handed to us with token by the holder before
+// us (step 5) and returns the grant's token: a campaign retakes it.
+func (a *acquisition) handed(ctx context.Context, token uint64) (uint64, error) {
+	if a.campaign {
+		return a.retake(ctx)
+	}
+	return token, nil
 }
 
-// hold returns the grant's releaser: what its Unlock does.
+// hold returns the grant's releaser: what its Unlock does (a campaign's
+// resigns: it deletes the key, handing nothing over).
 func (a *acquisition) hold() releaser {
-	return &lockHold{m: a.m, resign: a.how.resign, next: a.next, tailIndex: a.tailIndex, mine: a.mine}
+	return &lockHold{m: a.m, resign: a.campaign, next: a.next, tailIndex: a.tailIndex, mine: a.mine}
 }
 
 // outcome is what an attempt to acquire the lock key came to.
@@ -177,7 +180,7 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 		var err error
 		switch {
 		case a.handedToUs(lock): // 6. handed to us by a holder that read the queue
-			return a.how.handed(ctx, a, tokenOf(lock))
+			return a.handed(ctx, tokenOf(lock))
 		case a.lost: // 3. with a read: who is ahead of us now
 			lock, err = a.reread(ctx)
 		case a.pred != nil && !a.linked: // 3. link
@@ -242,7 +245,7 @@ func (a *acquisition) block(ctx context.Context) (uint64, error) {
 	case v.me == nil || v.me.CreateIndex != a.queueIndex:
 		a.lost = true
 	case v.held != nil && v.held.ModifyIndex > a.since:
-		return a.how.handed(ctx, a, v.held.ModifyIndex)
+		return a.handed(ctx, v.held.ModifyIndex)
 	case v.anchor == nil || v.anchor.Session != a.pred.session:
 		// Our predecessor left, or its session ended (then it may have
 		// held the lock: its lock-delay applies from now).
@@ -428,7 +431,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	m := a.m
 	a.left = true // until we know the outcome
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
-		ops := a.how.write(m, seen)
+		ops := a.takeOps(seen)
 		if first {
 			guard := kvOp(api.KVCheckNotExists, m.tailKey)
 			if tail != nil {

@@ -74,12 +74,20 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 	return err // errStale four times over: retried
 }
 
-// drop ends the grant without a handoff (after a loss, or as the session
-// closes): as a failed acquisition's cleanup does (see Session.clean), it
-// leaves the queue, then releases the lock key if our session holds it, or
-// deletes it if our ended session left it free (nobody else would).
+// drop releases the lock key without handing it over, and leaves the queue
+// (after a loss, or as the session closes). A lock key that our ended
+// session left free (Behavior release) is deleted as a failed acquisition's
+// cleanup does (see Session.clean): nobody else would.
 func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
-	return g.m.s.clean(ctx, leftover{name: g.m.name, m: g.m})
+	err := g.m.s.releaseKey(ctx, g.m.lockKey)
+	e, lerr := g.m.leave(ctx)
+	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
+		return lerr
+	}
+	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
+		_, _ = g.m.s.txn(ctx, api.TxnOps{deleteCAS(g.m.lockKey, e.ModifyIndex)})
+	}
+	return err
 }
 
 // pass, the write behind Unlock, hands the lock to the waiter linked behind

@@ -281,15 +281,9 @@ func (g *Grant) Unlock(ctx context.Context) error {
 			g.complete()
 		} else {
 			g.background()
-		}
-	}
-	select {
-	case <-g.finished:
-	case <-ctx.Done():
-		select {
-		case <-g.finished: // both ready: the answer wins
-		default:
-			return fmt.Errorf("holdfast: unlock %s: release not confirmed, it goes on in the background while the session lives: %w", g.key, ctx.Err())
+			if err := g.await(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	switch err := g.result; {
@@ -302,6 +296,20 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	default:
 		return fmt.Errorf("holdfast: unlock %s: %w", g.key, err)
 	}
+}
+
+// await waits for the answer of the release that goes on in the
+// background. A ctx that ended first gets ctx's error, even if the answer
+// came just after (an Unlock with a cancelled ctx always says so).
+func (g *Grant) await(ctx context.Context) error {
+	if ctx.Err() == nil {
+		select {
+		case <-g.finished:
+			return nil
+		case <-ctx.Done():
+		}
+	}
+	return fmt.Errorf("holdfast: unlock %s: release not confirmed, it goes on in the background while the session lives: %w", g.key, ctx.Err())
 }
 
 // Handover ends a held grant as Unlock would (its context is cancelled with

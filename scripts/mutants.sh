@@ -70,6 +70,7 @@ cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
 cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
 cmd/guard-gone|./cmd/holdfast/|TestGuardGone
 cmd/tstp-withdraw|./cmd/holdfast/|TestStopWhileWaiting
+cmd/tstp-await-cont|./cmd/holdfast/|TestStopWhileWaitingLong
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn
 etcd/claim-record|./tests/etcd/|TestClaimGuardedTxn|TestConformanceOneNode/ClaimLate

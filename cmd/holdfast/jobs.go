@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/mutant"
 )
 
 // Job control is process-wide: one Ctrl-Z (SIGTSTP, or a CMD stopped by
@@ -151,4 +152,23 @@ func (c *jobControl) suspend() {
 		signal.Stop(c.sigs)
 		signal.Stop(c.conts)
 	}
+}
+
+// stopUntilContinued stops holdfast (SIGSTOP; a shell shows its job
+// Stopped) and returns once SIGCONT (fg, bg, kill -CONT) has resumed it.
+// The kill returns before the stop has taken every thread: without the
+// wait, the caller went on for a moment, long enough to start the next
+// session's timeouts and deadlines, which the stop then ran down (a stop
+// longer than the TTL: fg exited 125 with "context deadline exceeded").
+// After it, whatever the caller measures starts after the stop.
+func stopUntilContinued() {
+	if mutant.On("cmd/tstp-await-cont") {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		return
+	}
+	conts := make(chan os.Signal, 1)
+	signal.Notify(conts, syscall.SIGCONT)
+	defer signal.Stop(conts)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-conts
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/mutant"
 )
 
@@ -353,7 +354,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			// nothing is left in the store, and fg opens a new one.
 			closeSession(s, true)
 			s = nil
-			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			stopUntilContinued()
 			err = nil
 			continue
 		}
@@ -370,9 +371,18 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		}
 		actx = ctx // a later round (elect --loop) is not bounded
 		if !r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
-			// A waiter holds nothing: its session ended (the store did
-			// not acknowledge its renewals in time), not a grant.
-			err = exitError{exitFailed, explainf(err, "%s: stopped waiting: %s did not acknowledge the session's renewals in time, so it expired before it was granted (nothing was held)", name, sf.describe())}
+			// A waiter holds nothing: its session ended, not a grant.
+			// At the safe deadline it is holdfast that gave the session
+			// up: the store may still list it until its own expiry.
+			cause := s.Err()
+			if cause == nil {
+				cause = err
+			}
+			if errors.Is(cause, core.ErrPastSafeDeadline) {
+				err = exitError{exitFailed, explainf(err, "%s: stopped waiting: %s did not acknowledge the session's renewals in time, so holdfast gave the session up at its safe deadline, before it was granted (the store may keep it until it expires; nothing was held)", name, sf.describe())}
+			} else {
+				err = exitError{exitFailed, explainf(err, "%s: stopped waiting: the session on %s ended before it was granted: %s (nothing was held)", name, sf.describe(), detail(cause, holdfast.ErrSessionLost, name))}
+			}
 		}
 		if r.loop && got == nil && ctx.Err() == nil && errors.Is(err, holdfast.ErrSessionLost) {
 			// The session died with the leadership; the next round opens

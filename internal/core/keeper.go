@@ -11,6 +11,12 @@ import (
 	"github.com/holdfast/holdfast/internal/mutant"
 )
 
+// ErrPastSafeDeadline is why a Keeper ended its session at its safe
+// deadline (wrapped with holdfast.ErrSessionLost): no renewal was
+// acknowledged in time. The store may still keep the session until its own
+// expiry; only holdfast gave it up.
+var ErrPastSafeDeadline = errors.New("no renewal acknowledged before the safe deadline (TTL minus margin after the last acknowledged renewal was sent)")
+
 // Keeper tracks the safe local deadline of a session: the moment after which
 // the store may have expired the session, computed from when the last
 // acknowledged renewal was *sent* (not when its answer arrived), minus a
@@ -90,7 +96,7 @@ func (k *Keeper) expire() {
 	passed := !k.ended && !time.Now().Before(k.deadline)
 	k.mu.Unlock()
 	if passed {
-		k.End(fmt.Errorf("%w: no renewal acknowledged before the safe deadline (TTL minus margin after the last acknowledged renewal was sent)", holdfast.ErrSessionLost))
+		k.End(fmt.Errorf("%w: %w", holdfast.ErrSessionLost, ErrPastSafeDeadline))
 	}
 }
 

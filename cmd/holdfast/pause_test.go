@@ -147,10 +147,11 @@ func pausedHolder(t *testing.T, c pauseCase) {
 // TestFrozenStoreExit: the store freezes (a proxy stops passing bytes)
 // while CMD runs: the grant is lost, CMD is stopped, and holdfast exits
 // 122 within --kill-grace + 1 s of CMD's end, leaving the release to the
-// store's expiry, on both stores; a waiter's session expires too, and it
-// exits 125 saying so (it never held anything). Before, holdfast waited for the store
-// (its session's close) 2 s (etcd) and 10 s (Consul) after CMD's end, and
-// the waiter said "grant lost".
+// store's expiry, on both stores; a waiter gives its session up at its
+// safe deadline too, and exits 125 saying so (it never held anything).
+// Before, holdfast waited for the store (its session's close) 2 s (etcd)
+// and 10 s (Consul) after CMD's end, and the waiter said "grant lost", and
+// later that the session "expired", when the store still listed it.
 func TestFrozenStoreExit(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Etcd(t)
@@ -199,8 +200,8 @@ func TestFrozenStoreExit(t *testing.T) {
 				}
 				code := w.wait(t, 20*time.Second)
 				t.Logf("the waiter exited %v after the freeze: %d, %q", w.took-frozen.Sub(w.began), code, w.stderr.String())
-				if msg := w.stderr.String(); code != exitFailed || strings.Contains(msg, "lost") || !strings.Contains(msg, "before it was granted") {
-					t.Errorf("the waiter exited %d, want %d saying the store let the session expire before it was granted; stderr: %s", code, exitFailed, msg)
+				if msg := w.stderr.String(); code != exitFailed || strings.Contains(msg, "lost") || strings.Contains(msg, "expired") || !strings.Contains(msg, "holdfast gave the session up at its safe deadline, before it was granted") {
+					t.Errorf("the waiter exited %d, want %d saying holdfast gave the session up at its safe deadline, before it was granted; stderr: %s", code, exitFailed, msg)
 				}
 			})
 		})

@@ -69,7 +69,7 @@ cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
 cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
 cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
 cmd/guard-gone|./cmd/holdfast/|TestGuardGone
-cmd/tstp-withdraw|./cmd/holdfast/|TestStopWhileWaiting
+cmd/tstp-withdraw|./cmd/holdfast/|TestStopWhileWaiting$
 cmd/tstp-await-cont|./cmd/holdfast/|TestStopWhileWaitingLong
 etcd/claim-guard|./tests/etcd/|TestClaimGuardedTxn
 consul/claim-check-session|./consul/|TestClaimGuardedTxn

@@ -744,8 +744,18 @@ func TestLeaveDrainsEtcd(t *testing.T) {
 	if err := <-adone; err != nil {
 		t.Fatal(err)
 	}
-	for len(b.Owned()) != 2 {
-		time.Sleep(time.Millisecond)
+	// B's work on A's shard has started (Owned lists a shard once its
+	// work is launched, maybe before the function's first line ran).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		ok := !started[kept].IsZero()
+		mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("B's work on shard %d had not started 5 s after A's returned", kept)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/signal"
 	"sync"
@@ -160,8 +161,9 @@ func (c *jobControl) suspend() {
 // wait, the caller went on for a moment, long enough to start the next
 // session's timeouts and deadlines, which the stop then ran down (a stop
 // longer than the TTL: fg exited 125 with "context deadline exceeded").
-// After it, whatever the caller measures starts after the stop.
-func stopUntilContinued() {
+// After it, whatever the caller measures starts after the stop. It also
+// returns once ctx ends (holdfast is being stopped for good).
+func stopUntilContinued(ctx context.Context) {
 	if mutant.On("cmd/tstp-await-cont") {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		return
@@ -170,5 +172,8 @@ func stopUntilContinued() {
 	signal.Notify(conts, syscall.SIGCONT)
 	defer signal.Stop(conts)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-	<-conts
+	select {
+	case <-conts:
+	case <-ctx.Done():
+	}
 }

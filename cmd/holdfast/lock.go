@@ -354,7 +354,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			// nothing is left in the store, and fg opens a new one.
 			closeSession(s, true)
 			s = nil
-			stopUntilContinued()
+			stopUntilContinued(ctx)
 			err = nil
 			continue
 		}

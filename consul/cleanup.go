@@ -106,7 +106,7 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		return err
 	case e == nil:
 	case e.Session == s.id:
-		if err := s.releaseKey(ctx, l.m.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+		if err := s.releaseKey(ctx, l.m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return err
 		}
 	case e.Session == "" && e.Flags == api.LockFlagValue:
@@ -114,7 +114,7 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		// invalidated: nobody else would delete it, so the last one to
 		// give up does, if it is still free (a CAS: someone may be
 		// taking it). A lock-delay on it outlives the key in Consul.
-		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey, e.ModifyIndex)})
+		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey(), e.ModifyIndex)})
 	}
 	return nil
 }
@@ -151,7 +151,7 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 // being as read. again: that entry went meanwhile, read again.
 func (m *Mutex) pointTail(ctx context.Context, v view) (again bool, err error) {
 	resp, plain, err := m.sendTail(ctx, m.s.txn, func(plain bool) api.TxnOps {
-		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
+		ops := api.TxnOps{deleteCAS(m.tailKey(), v.tail.ModifyIndex)}
 		if len(v.queue) == 0 {
 			return ops
 		}
@@ -172,7 +172,7 @@ func (m *Mutex) pointTail(ctx context.Context, v view) (again bool, err error) {
 	}
 	last := v.queue[len(v.queue)-1]
 	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.tailKey {
+		if r.KV != nil && r.KV.Key == m.tailKey() {
 			m.relockTail(last.Session, last.CreateIndex, r.KV.ModifyIndex)
 		}
 	}

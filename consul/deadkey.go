@@ -68,7 +68,7 @@ func (m *Mutex) compatible(v view) error {
 // key exists with flags other than a lock's (a semaphore's, say).
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	if otherKind(lock) {
-		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
+		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey(), lock.Flags, uint64(api.LockFlagValue))
 	}
 	return nil
 }
@@ -85,11 +85,11 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix)})
+	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix())})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
-		return txnError("read "+m.prefix, rb)
+		return txnError("read "+m.prefix(), rb)
 	case err != nil:
 		return err
 	}
@@ -99,9 +99,9 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 			pairs = append(pairs, r.KV)
 		}
 	}
-	own := func(e *api.KVPair) bool { return e.Key == m.tailKey || strings.HasPrefix(e.Key, m.queuePrefix) }
+	own := func(e *api.KVPair) bool { return e.Key == m.tailKey() || strings.HasPrefix(e.Key, m.queuePrefix()) }
 	if live := liveUnder(pairs, lock, own); live != nil {
-		return otherKindError(lock, live, m.prefix, "a holdfast Mutex or Election")
+		return otherKindError(lock, live, m.prefix(), "a holdfast Mutex or Election")
 	}
 	return nil
 }

@@ -20,9 +20,9 @@ import (
 func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	m := a.m
 	ops := api.TxnOps{
-		checkSession(m.lockKey, m.s.id),
-		kvOp(api.KVDelete, m.lockKey),
-		lockOp(m.lockKey, m.s.id, a.value),
+		checkSession(m.lockKey(), m.s.id),
+		kvOp(api.KVDelete, m.lockKey()),
+		lockOp(m.lockKey(), m.s.id, a.value),
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -30,13 +30,13 @@ func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
-		return 0, txnError("campaign on "+m.lockKey, rb) // the cleanup releases the key
+		return 0, txnError("campaign on "+m.lockKey(), rb) // the cleanup releases the key
 	case err != nil:
 		return 0, err
 	}
 	var term uint64 // the lock operation's entry: the last one (the check-session's comes first)
 	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.lockKey && r.KV.Session == m.s.id {
+		if r.KV != nil && r.KV.Key == m.lockKey() && r.KV.Session == m.s.id {
 			term = r.KV.ModifyIndex
 		}
 	}

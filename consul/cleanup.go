@@ -99,13 +99,13 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 		return err
 	case e == nil:
 	case e.Session == s.id:
-		if err := s.releaseKey(ctx, l.m.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+		if err := s.releaseKey(ctx, l.m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return err
 		}
 	case e.Session == "" && e.Flags == api.LockFlagValue:
 		// A free lock key of an invalidated holder: the last one to
 		// give up deletes it, if still free (its lock-delay outlives it).
-		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey, e.ModifyIndex)})
+		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey(), e.ModifyIndex)})
 	}
 	return nil
 }
@@ -137,7 +137,7 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 // (none: deletes it), guarded by both as read. again: that entry went.
 func (m *Mutex) pointTail(ctx context.Context, v view) (again bool, err error) {
 	resp, plain, err := m.sendTail(ctx, m.s.txn, func(plain bool) api.TxnOps {
-		ops := api.TxnOps{deleteCAS(m.tailKey, v.tail.ModifyIndex)}
+		ops := api.TxnOps{deleteCAS(m.tailKey(), v.tail.ModifyIndex)}
 		if len(v.queue) == 0 {
 			return ops
 		}
@@ -157,7 +157,7 @@ func (m *Mutex) pointTail(ctx context.Context, v view) (again bool, err error) {
 	}
 	last := v.queue[len(v.queue)-1]
 	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.tailKey {
+		if r.KV != nil && r.KV.Key == m.tailKey() {
 			m.relockTail(last.Session, last.CreateIndex, r.KV.ModifyIndex)
 		}
 	}

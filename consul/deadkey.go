@@ -109,7 +109,7 @@ func (m *Mutex) compatible(v view) error {
 // key exists with flags other than a lock's (a semaphore's, say).
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	if otherKind(lock) {
-		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey, lock.Flags, uint64(api.LockFlagValue))
+		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey(), lock.Flags, uint64(api.LockFlagValue))
 	}
 	return nil
 }
@@ -129,6 +129,6 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	if !otherKind(lock) {
 		return nil
 	}
-	own := func(key string) bool { return key == m.tailKey || strings.HasPrefix(key, m.queuePrefix) }
-	return m.s.deadKey(ctx, m.prefix, lock, own, "a holdfast Mutex or Election")
+	own := func(key string) bool { return key == m.tailKey() || strings.HasPrefix(key, m.queuePrefix()) }
+	return m.s.deadKey(ctx, m.prefix(), lock, own, "a holdfast Mutex or Election")
 }

@@ -146,7 +146,7 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	kv, _, err := e.m.s.client.KV().Get(e.m.lockKey, (&api.QueryOptions{}).WithContext(ctx))
+	kv, _, err := e.m.s.client.KV().Get(e.m.lockKey(), (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return holdfast.Leader{}, apiError("leader of "+e.m.name, err)
 	}
@@ -222,7 +222,7 @@ func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
 		var meta *api.QueryMeta
 		err := core.Backoff{Attempt: blockTimeout(blockWait)}.Retry(ctx, func(ctx context.Context) (err error) {
 			q := &api.QueryOptions{WaitIndex: index, WaitTime: blockWait}
-			kv, meta, err = e.m.s.client.KV().Get(e.m.lockKey, q.WithContext(ctx))
+			kv, meta, err = e.m.s.client.KV().Get(e.m.lockKey(), q.WithContext(ctx))
 			return err
 		})
 		if err != nil {

@@ -105,7 +105,7 @@ func TestExpiredSessionLeavesNothing(t *testing.T) {
 			cut()
 			waitFor(t, expiredBound, "S's entry, link and the tail naming it gone", func() bool {
 				for _, k := range keys(t, admin, name) {
-					if strings.HasPrefix(k, s.queueKey) && !strings.HasPrefix(k, s.queueKey+prevInfix) || k == s.tailKey || strings.HasSuffix(k, nextInfix+s.s.ID()) {
+					if strings.HasPrefix(k, s.queueKey()) && !strings.HasPrefix(k, s.queueKey()+prevInfix) || k == s.tailKey() || strings.HasSuffix(k, nextInfix+s.s.ID()) {
 						return false
 					}
 				}

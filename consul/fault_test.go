@@ -71,7 +71,7 @@ func TestFrozenLockOnTime(t *testing.T) {
 			t.Errorf("try=%v, Consul frozen: %v after %v; want an error within %v", try, err, d, wait+onTime)
 		}
 	}
-	qkey := m.queueKey
+	qkey := m.queueKey()
 	if !slices.Contains(keys(t, admin, name), qkey) {
 		t.Fatal("the queue key is gone although Consul was frozen: the test proves nothing")
 	}

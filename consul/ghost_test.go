@@ -27,8 +27,8 @@ func TestLateHandoffRelocked(t *testing.T) {
 	// What H's handoff to S's entry writes (H hands only to a linked
 	// waiter, and S's entry never linked: the test writes it for H).
 	ok, _, _, err := admin.Txn().Txn(api.TxnOps{
-		lockOp(s.lockKey, s.s.id, []byte(valueTaken)),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: s.queueKey + heldSuffix, Session: s.s.id}},
+		lockOp(s.lockKey(), s.s.id, []byte(valueTaken)),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: s.queueKey() + heldSuffix, Session: s.s.id}},
 	}, nil)
 	if err != nil || !ok {
 		t.Fatalf("hand the lock to S's stale entry: %v %v", ok, err)

@@ -36,7 +36,7 @@ func lockAsync(m *Mutex, ctx context.Context) <-chan lockResult {
 func queueUp(t *testing.T, c *api.Client, m *Mutex, ctx context.Context) <-chan lockResult {
 	t.Helper()
 	res := lockAsync(m, ctx)
-	waitFor(t, 5*time.Second, "queued", func() bool { return slices.Contains(keys(t, c, m.name), m.queueKey) })
+	waitFor(t, 5*time.Second, "queued", func() bool { return slices.Contains(keys(t, c, m.name), m.queueKey()) })
 	return res
 }
 
@@ -146,7 +146,7 @@ func TestHandoffFIFO(t *testing.T) {
 		if r.g.Token() <= g.Token() {
 			t.Errorf("waiter %d: token %d, not above the previous holder's %d", i, r.g.Token(), g.Token())
 		}
-		if slices.Contains(keys(t, c, name), prev.queueKey) {
+		if slices.Contains(keys(t, c, name), prev.queueKey()) {
 			t.Errorf("waiter %d: the previous holder's queue key left after the handoff", i)
 		}
 		g, prev = r.g, ws[i]
@@ -211,7 +211,7 @@ func TestHandoffToCancelledWaiter(t *testing.T) {
 	t.Logf("w2 got the lock %v after w1 gave up", time.Since(t0))
 	// The tail key names w2's entry (w2 queued last), which stays while w2
 	// holds; w2's Unlock deletes both.
-	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), w2.queueKey, w2.queueKey + heldSuffix, name + tailSuffix}) {
+	if ks := keys(t, c, name); !slices.Equal(ks, []string{LockKey(name), w2.queueKey(), w2.queueKey() + heldSuffix, name + tailSuffix}) {
 		t.Errorf("keys: %q, want the lock key, w2's entry and held mark, and the tail key only", ks)
 	}
 	if err := r2.g.Unlock(timeout(t, 5*time.Second)); err != nil {
@@ -495,7 +495,7 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	if r := receive(t, w1res, 5*time.Second, "w1"); !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("w1: %v, want context.Canceled", r.err)
 	}
-	waitFor(t, 5*time.Second, "w1's queue key removed", func() bool { return !slices.Contains(keys(t, c, name), w1.queueKey) })
+	waitFor(t, 5*time.Second, "w1's queue key removed", func() bool { return !slices.Contains(keys(t, c, name), w1.queueKey()) })
 	if err := r.g.Unlock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ type waiter struct {
 
 // entry returns the queue entry of session with that CreateIndex.
 func (m *Mutex) entry(session string, index uint64) waiter {
-	return waiter{key: m.queuePrefix + session, session: session, index: index}
+	return waiter{key: m.queuePrefix() + session, session: session, index: index}
 }
 
 // tokenOf returns the fencing token of the grant that holds lock, a
@@ -129,9 +129,9 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 	for _, r := range results {
 		switch e := r.KV; {
 		case e == nil || e.ModifyIndex == 0:
-		case e.Key == m.lockKey:
+		case e.Key == m.lockKey():
 			v.lock = e
-		case e.Key == m.tailKey:
+		case e.Key == m.tailKey():
 			v.tail = e
 		case !seen[e.Key]:
 			seen[e.Key] = true
@@ -144,7 +144,7 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 	for _, e := range children {
 		// Under an entry that is gone (deleted with its session, Behavior
 		// delete): dead too.
-		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix), "/"); !seen[m.queuePrefix+entry] {
+		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix()), "/"); !seen[m.queuePrefix()+entry] {
 			v.dead = append(v.dead, e)
 		}
 	}
@@ -154,11 +154,11 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 // add notes e, a key under "<name>/" other than the lock and tail keys. It
 // reports whether e lies under another session's entry (a link or a mark).
 func (v *view) add(m *Mutex, e *api.KVPair) bool {
-	id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix)
+	id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix())
 	session, sub, under := strings.Cut(id, "/")
 	switch {
 	case !isQueue || id == "":
-		if strings.HasPrefix(e.Key, m.prefix) && e.Session != "" {
+		if strings.HasPrefix(e.Key, m.prefix()) && e.Session != "" {
 			v.other = e.Key // a live lock of a longer name, or a foreign one
 		}
 	case under && session == m.s.id:

@@ -51,7 +51,7 @@ func deletesKey(key string) embedtest.FaultMatch {
 // linked waits until w's link under p's entry is in Consul.
 func linked(t *testing.T, c *api.Client, p, w *Mutex) {
 	t.Helper()
-	link := p.queueKey + nextInfix + w.s.ID()
+	link := p.queueKey() + nextInfix + w.s.ID()
 	waitFor(t, 5*time.Second, "w linked behind p", func() bool { return slices.Contains(keys(t, c, p.name), link) })
 }
 
@@ -99,9 +99,9 @@ func TestLeaveLostWakeup(t *testing.T) {
 			}
 			wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
 			linked(t, admin, p, w)
-			match := deletesKey(p.queueKey)
+			match := deletesKey(p.queueKey())
 			if tc.wake {
-				match = embedtest.TxnHas(string(api.KVDelete), w.queueKey+prevInfix+p.s.ID())
+				match = embedtest.TxnHas(string(api.KVDelete), w.queueKey()+prevInfix+p.s.ID())
 			}
 			f := ft.Inject(match, 1, tc.mode)
 			freed := time.Now()
@@ -166,14 +166,14 @@ func lateQueueUp(t *testing.T, wait, late time.Duration) lateSetup {
 	if l.hg, err = l.h.Lock(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), l.s.tailKey), 1, embedtest.FaultLate)
+	f := ft.Inject(embedtest.TxnHas(string(api.KVLock), l.s.tailKey()), 1, embedtest.FaultLate)
 	f.Late = late
 	if g, err := l.s.Lock(timeout(t, wait)); err == nil {
 		_ = g.Unlock(timeout(t, 5*time.Second))
 		t.Fatal("S's Lock succeeded: its queue-up was held")
 	}
 	<-f.Done()
-	if !slices.Contains(keys(t, l.admin, l.name), l.s.queueKey) {
+	if !slices.Contains(keys(t, l.admin, l.name), l.s.queueKey()) {
 		t.Fatal("S's late queue-up left no entry: the test proves nothing")
 	}
 	return l
@@ -231,7 +231,7 @@ func TestRefusedRetried(t *testing.T) {
 		t.Fatal("the session's creation was not refused: the test proves nothing")
 	}
 	m := newMutex(t, s, uniqueName(t))
-	f = ft.Inject(embedtest.TxnHas("", m.lockKey), 1, embedtest.FaultRefuse)
+	f = ft.Inject(embedtest.TxnHas("", m.lockKey()), 1, embedtest.FaultRefuse)
 	f.Refusal = "No cluster leader"
 	g, err := m.Lock(timeout(t, 5*time.Second))
 	if err != nil {
@@ -385,7 +385,7 @@ func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
 	}
 	wres := queueUp(t, admin, w, timeout(t, 20*time.Second))
 	linked(t, admin, s, w)
-	f := ft.Inject(embedtest.TxnHas(string(api.KVDeleteCAS), s.queueKey), 1, embedtest.FaultRefuse)
+	f := ft.Inject(embedtest.TxnHas(string(api.KVDeleteCAS), s.queueKey()), 1, embedtest.FaultRefuse)
 	px.Blackhole()
 	defer px.Mend() // before the sessions' Close
 	destroy(t, admin, s.s.ID())
@@ -400,7 +400,7 @@ func TestDeadEntryDroppedAfterRefusal(t *testing.T) {
 	}
 	waitFor(t, cleanupBound, "S's dead entry and held mark deleted", func() bool {
 		for _, k := range keys(t, admin, name) {
-			if strings.HasPrefix(k, s.queueKey) {
+			if strings.HasPrefix(k, s.queueKey()) {
 				return false
 			}
 		}

@@ -38,15 +38,19 @@ func LockKey(name string) string { return name + lockSuffix }
 // holds are ignored. A Mutex belongs to one Session and may be used from
 // many goroutines: acquisitions of a name through one Session take turns.
 type Mutex struct {
-	s           *Session
-	name        string
-	prefix      string // "<name>/"
-	lockKey     string
-	tailKey     string
-	queuePrefix string
-	queueKey    string
-	reentry     core.Reentry[*Grant]
+	s       *Session
+	name    string
+	reentry core.Reentry[*Grant]
 }
+
+// The keys of the lock, derived from (name, session): "<name>/" (under
+// which a live lock of another name conflicts), the lock key, the tail key,
+// the queue prefix and our queue entry (docs/DESIGN.md, "Consul acquire").
+func (m *Mutex) prefix() string      { return m.name + "/" }
+func (m *Mutex) lockKey() string     { return m.name + lockSuffix }
+func (m *Mutex) tailKey() string     { return m.name + tailSuffix }
+func (m *Mutex) queuePrefix() string { return m.name + queueInfix }
+func (m *Mutex) queueKey() string    { return m.name + queueInfix + m.s.id }
 
 var _ holdfast.GrantLocker[*Grant] = (*Mutex)(nil)
 
@@ -63,18 +67,7 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	cfg := options.ApplyLock(opts)
-	queueKey := name + queueInfix + s.id // the other keys share its bytes
-	return &Mutex{
-		s:           s,
-		name:        queueKey[:len(name)],
-		prefix:      queueKey[:len(name)+1],
-		lockKey:     LockKey(name),
-		tailKey:     name + tailSuffix,
-		queuePrefix: queueKey[:len(name)+len(queueInfix)],
-		queueKey:    queueKey,
-		reentry:     core.Reentry[*Grant]{Enabled: cfg.Reentrant},
-	}, nil
+	return &Mutex{s: s, name: name, reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant}}, nil
 }
 
 // Lock waits until the lock is granted (first come, first served among
@@ -105,8 +98,8 @@ func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 // session's. a says whom to hand the lock to on Unlock, as far as we know.
 // free releases the in-process name when the grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix, rel: a.hold()}
-	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey, holdfast.Token(token), (*ending)(g), free)
+	g := &Grant{s: m.s, prefix: m.prefix(), rel: a.hold()}
+	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey(), holdfast.Token(token), (*ending)(g), free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {
 		// The session ended while we acquired: hand out no grant of a dead

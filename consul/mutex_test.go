@@ -769,7 +769,7 @@ func TestCleanupWhenReachable(t *testing.T) {
 		t.Errorf("waiter returned %v after its context was cancelled, want < %v", d, onTime)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if !slices.Contains(keys(t, admin, name), wm.queueKey) {
+	if !slices.Contains(keys(t, admin, name), wm.queueKey()) {
 		t.Fatal("the waiter's queue key is gone although Consul was unreachable: the test proves nothing")
 	}
 	next := queueUp(t, admin, newMutex(t, newSession(t, a.Client(t), WithLockDelay(0)), name), timeout(t, 30*time.Second))
@@ -785,7 +785,7 @@ func TestCleanupWhenReachable(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	t.Logf("contender behind the stale key got the lock %v after the partition ended", time.Since(t1))
-	if slices.Contains(keys(t, admin, name), wm.queueKey) {
+	if slices.Contains(keys(t, admin, name), wm.queueKey()) {
 		t.Errorf("stale queue key still there")
 	}
 	if ws.Err() != nil {

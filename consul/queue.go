@@ -80,17 +80,17 @@ type acquisition struct {
 // campaign deletes a free key as seen and creates it anew (campaign.go).
 func (a *acquisition) takeOps(seen *api.KVPair) api.TxnOps {
 	m, value := a.m, []byte(valueTaken)
-	guard := kvOp(api.KVCheckNotExists, m.lockKey)
+	guard := kvOp(api.KVCheckNotExists, m.lockKey())
 	switch {
 	case a.campaign && seen != nil:
-		guard = deleteCAS(m.lockKey, seen.ModifyIndex)
+		guard = deleteCAS(m.lockKey(), seen.ModifyIndex)
 	case seen != nil:
-		guard = checkIndex(m.lockKey, seen.ModifyIndex)
+		guard = checkIndex(m.lockKey(), seen.ModifyIndex)
 	}
 	if a.campaign {
 		value = a.value
 	}
-	return api.TxnOps{guard, lockOp(m.lockKey, m.s.id, value)}
+	return api.TxnOps{guard, lockOp(m.lockKey(), m.s.id, value)}
 }
 
 // handed accepts the lock key handed to us with token by the holder before
@@ -284,7 +284,7 @@ func (a *acquisition) atHead(ctx context.Context, lock *api.KVPair) (uint64, *ap
 		return 0, lock, nil
 	}
 	// busy: a foreign client took it, or it changed
-	lock, err = a.get(ctx, m.lockKey)
+	lock, err = a.get(ctx, m.lockKey())
 	return 0, lock, err
 }
 
@@ -320,7 +320,7 @@ func (a *acquisition) link(ctx context.Context) error {
 		checkIndex(p.key, p.index),
 		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: p.key}}, // a check's answer carries no value
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.key + nextInfix + m.s.id, Session: m.s.id, Value: strconv.AppendUint(nil, a.queueIndex, 10)}},
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey + prevInfix + p.session, Session: p.session}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.queueKey() + prevInfix + p.session, Session: p.session}},
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -355,7 +355,7 @@ func (a *acquisition) link(ctx context.Context) error {
 // watchMine blocks until our entry's subtree changes (it was last seen at
 // a.mine), and returns it (see Session.watchTree).
 func (a *acquisition) watchMine(ctx context.Context) (view, error) {
-	pairs, index, err := a.m.s.watchTree(ctx, a.m.queueKey, a.mine, 0)
+	pairs, index, err := a.m.s.watchTree(ctx, a.m.queueKey(), a.mine, 0)
 	if err != nil {
 		return view{}, err
 	}
@@ -380,7 +380,7 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 		a.holder = lock.Session
 		a.delay, a.known = a.m.s.lockDelayOf(ctx, lock.Session)
 	}
-	next, err := a.m.s.watchKey(ctx, a.m.lockKey, lock.ModifyIndex, 0)
+	next, err := a.m.s.watchKey(ctx, a.m.lockKey(), lock.ModifyIndex, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -433,18 +433,18 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
 		ops := a.takeOps(seen)
 		if first {
-			guard := kvOp(api.KVCheckNotExists, m.tailKey)
+			guard := kvOp(api.KVCheckNotExists, m.tailKey())
 			if tail != nil {
-				guard = checkIndex(m.tailKey, tail.ModifyIndex)
+				guard = checkIndex(m.tailKey(), tail.ModifyIndex)
 			}
 			ops = append(append(ops, guard), m.queueOps(plain)...)
 		}
-		return append(ops, acquireOp(m.queueKey+heldSuffix, m.s.id, nil), kvOp(api.KVGetTree, m.queueKey))
+		return append(ops, acquireOp(m.queueKey()+heldSuffix, m.s.id, nil), kvOp(api.KVGetTree, m.queueKey()))
 	})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():
-		return 0, 0, txnError("acquire "+m.lockKey, rb)
+		return 0, 0, txnError("acquire "+m.lockKey(), rb)
 	case rb != nil && rb.lockDelayed():
 		a.left = a.queueIndex != 0
 		return 0, delayed, nil
@@ -480,7 +480,7 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 // leftover of ours, with its subtree) and point the tail key at it (see
 // tailOps).
 func (m *Mutex) queueOps(plain bool) api.TxnOps {
-	return append(api.TxnOps{kvOp(api.KVDeleteTree, m.queueKey), acquireOp(m.queueKey, m.s.id, m.entryValue())},
+	return append(api.TxnOps{kvOp(api.KVDeleteTree, m.queueKey()), acquireOp(m.queueKey(), m.s.id, m.entryValue())},
 		m.tailOps(m.s.id, []byte(m.s.id), plain)...)
 }
 
@@ -494,7 +494,7 @@ func (m *Mutex) sendTail(ctx context.Context, send func(context.Context, api.Txn
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		resp, err = send(rctx, o)
 		cancel()
-		tailAt := slices.IndexFunc(o, func(op *api.TxnOp) bool { return op.KV.Verb == api.KVLock && op.KV.Key == m.tailKey })
+		tailAt := slices.IndexFunc(o, func(op *api.TxnOp) bool { return op.KV.Verb == api.KVLock && op.KV.Key == m.tailKey() })
 		var rb *rollback
 		if plain || tailAt < 0 || !errors.As(err, &rb) || !rb.delayedOnly(tailAt) {
 			return resp, plain, err
@@ -523,8 +523,8 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	a.left = true
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
-		ops := api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey), kvOp(api.KVGetTree, m.queueKey+"/")}
-		return append(append(ops, m.queueOps(plain)...), kvOp(api.KVGetOrEmpty, m.lockKey))
+		ops := api.TxnOps{kvOp(api.KVGetOrEmpty, m.tailKey()), kvOp(api.KVGetTree, m.queueKey()+"/")}
+		return append(append(ops, m.queueOps(plain)...), kvOp(api.KVGetOrEmpty, m.lockKey()))
 	})
 	var rb *rollback
 	switch {
@@ -542,13 +542,13 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	for _, r := range resp.Results {
 		switch e := r.KV; {
 		case e == nil:
-		case e.Key == m.tailKey && tail == nil:
+		case e.Key == m.tailKey() && tail == nil:
 			tail = e // the first answer about it: its value before ours
-		case e.Key == m.queueKey && e.Session == m.s.id:
+		case e.Key == m.queueKey() && e.Session == m.s.id:
 			me = e
-		case e.Key == m.lockKey && e.ModifyIndex != 0:
+		case e.Key == m.lockKey() && e.ModifyIndex != 0:
 			lock = e
-		case strings.HasPrefix(e.Key, m.queueKey+"/"):
+		case strings.HasPrefix(e.Key, m.queueKey()+"/"):
 			wake = appendWake(wake, e)
 		}
 	}
@@ -563,7 +563,7 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 		// acquisition that landed after its cleanup): no grant of ours
 		// holds it (we hold the name in-process), so release it, and
 		// read the queue again.
-		if err := m.s.releaseKey(ctx, m.lockKey); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+		if err := m.s.releaseKey(ctx, m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return nil, err
 		}
 		lock, a.lost = nil, true
@@ -593,12 +593,12 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	m := a.m
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	names, _, err := m.s.client.KV().Keys(m.prefix, "/", (&api.QueryOptions{}).WithContext(rctx))
+	names, _, err := m.s.client.KV().Keys(m.prefix(), "/", (&api.QueryOptions{}).WithContext(rctx))
 	if err != nil {
-		return nil, apiError("list "+m.prefix, err)
+		return nil, apiError("list "+m.prefix(), err)
 	}
 	for _, k := range names {
-		if k != m.lockKey && k != m.tailKey && k != m.queuePrefix {
+		if k != m.lockKey() && k != m.tailKey() && k != m.queuePrefix() {
 			// Another key: a conflict only if it is a live lock (see
 			// Mutex.compatible), which a read of the subtree tells.
 			_, err := m.readChecked(ctx)
@@ -626,7 +626,7 @@ func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := m.s.txn(rctx, append(ops, kvOp(api.KVGetTree, m.prefix)))
+	resp, err := m.s.txn(rctx, append(ops, kvOp(api.KVGetTree, m.prefix())))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -652,11 +652,11 @@ func (a *acquisition) get(ctx context.Context, key string) (*api.KVPair, error) 
 // session, with value: delete it, then acquire it with session (plain: set
 // it, with no session, for when a lock-delay refuses the acquire).
 func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
-	write := &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey, Session: session, Value: value}}
+	write := &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey(), Session: session, Value: value}}
 	if plain {
-		write = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey, Value: value}}
+		write = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: m.tailKey(), Value: value}}
 	}
-	return api.TxnOps{kvOp(api.KVDelete, m.tailKey), write}
+	return api.TxnOps{kvOp(api.KVDelete, m.tailKey()), write}
 }
 
 // relockTail acquires the tail key, written plain at index (see tailOps),
@@ -678,8 +678,8 @@ func (m *Mutex) relockTail(session string, entry, index uint64) {
 // new ModifyIndex (0: not acquired), and an error only if the lock-delay
 // still refuses it or the request failed.
 func (m *Mutex) relockTailOnce(ctx context.Context, session string, entry, index uint64) (uint64, error) {
-	resp, err := m.s.txn(ctx, api.TxnOps{checkIndex(m.tailKey, index),
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey, Session: session, Value: fmt.Appendf(nil, "%s %d", session, entry)}}})
+	resp, err := m.s.txn(ctx, api.TxnOps{checkIndex(m.tailKey(), index),
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: m.tailKey(), Session: session, Value: fmt.Appendf(nil, "%s %d", session, entry)}}})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && !rb.delayedOnly(1):
@@ -689,7 +689,7 @@ func (m *Mutex) relockTailOnce(ctx context.Context, session string, entry, index
 	}
 	var at uint64
 	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.tailKey {
+		if r.KV != nil && r.KV.Key == m.tailKey() {
 			at = max(at, r.KV.ModifyIndex)
 		}
 	}

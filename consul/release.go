@@ -79,13 +79,13 @@ func (g *lockHold) release(ctx context.Context, gr *Grant) error {
 // session left free (Behavior release) is deleted as a failed acquisition's
 // cleanup does (see Session.clean): nobody else would.
 func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
-	err := g.m.s.releaseKey(ctx, g.m.lockKey)
+	err := g.m.s.releaseKey(ctx, g.m.lockKey())
 	e, lerr := g.m.leave(ctx)
 	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
 		return lerr
 	}
 	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
-		_, _ = g.m.s.txn(ctx, api.TxnOps{deleteCAS(g.m.lockKey, e.ModifyIndex)})
+		_, _ = g.m.s.txn(ctx, api.TxnOps{deleteCAS(g.m.lockKey(), e.ModifyIndex)})
 	}
 	return err
 }
@@ -98,7 +98,7 @@ func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
 // A failed check-session is an error wrapping holdfast.ErrNotHeld; a
 // failed check of the waiter is errStale.
 func (g *lockHold) pass(ctx context.Context) error {
-	s, m, key, w := g.m.s, g.m, g.m.lockKey, *g.next
+	s, m, key, w := g.m.s, g.m, g.m.lockKey(), *g.next
 	ops := releaseGuard(key, s.id)
 	held := len(ops) // ops before this index check that we hold the key
 	if g.resign {
@@ -112,7 +112,7 @@ func (g *lockHold) pass(ctx context.Context) error {
 		ops = append(ops,
 			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
 	}
-	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
+	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVGetTree, m.queueKey()+nextInfix), kvOp(api.KVDeleteTree, m.queueKey()))
 	return g.send(ctx, ops, held)
 }
 
@@ -123,19 +123,19 @@ func (g *lockHold) pass(ctx context.Context) error {
 // key, or it went with that waiter's session: errStale.
 func (g *lockHold) alone(ctx context.Context) error {
 	m := g.m
-	ops := releaseGuard(m.lockKey, m.s.id)
+	ops := releaseGuard(m.lockKey(), m.s.id)
 	held := len(ops)
 	if g.tailIndex == 0 {
-		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey))
+		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey()))
 	} else {
 		// A check-index, not a delete-cas (which succeeds on an absent
 		// key): a tail key deleted with the session of a waiter that
 		// queued behind us (Behavior delete) leaves that waiter's anchor
 		// on us, which look's read then deletes (before, it stayed while
 		// our session lived: TestExpiredSessionLeavesNothing).
-		ops = append(ops, checkIndex(m.tailKey, g.tailIndex), kvOp(api.KVDelete, m.tailKey))
+		ops = append(ops, checkIndex(m.tailKey(), g.tailIndex), kvOp(api.KVDelete, m.tailKey()))
 	}
-	ops = append(ops, kvOp(api.KVDelete, m.lockKey), kvOp(api.KVGetTree, m.queueKey+nextInfix), kvOp(api.KVDeleteTree, m.queueKey))
+	ops = append(ops, kvOp(api.KVDelete, m.lockKey()), kvOp(api.KVGetTree, m.queueKey()+nextInfix), kvOp(api.KVDeleteTree, m.queueKey()))
 	return g.send(ctx, ops, held)
 }
 
@@ -152,16 +152,16 @@ func (g *lockHold) send(ctx context.Context, ops api.TxnOps, held int) error {
 	case err == nil:
 		var wake api.TxnOps
 		for _, r := range resp.Results {
-			if e := r.KV; e != nil && strings.HasPrefix(e.Key, g.m.queueKey+nextInfix) && (g.next == nil || !strings.HasSuffix(e.Key, nextInfix+g.next.session)) {
+			if e := r.KV; e != nil && strings.HasPrefix(e.Key, g.m.queueKey()+nextInfix) && (g.next == nil || !strings.HasSuffix(e.Key, nextInfix+g.next.session)) {
 				wake = appendWake(wake, e)
 			}
 		}
 		_ = core.Retry(ctx, func(actx context.Context) error { return g.m.s.wake(actx, wake) })
 		return nil
 	case errors.As(err, &rb) && rb.denied():
-		return txnError("unlock "+g.m.lockKey, rb)
+		return txnError("unlock "+g.m.lockKey(), rb)
 	case rb != nil && rb.failedBefore(held):
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, g.m.lockKey, g.m.s.id)
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, g.m.lockKey(), g.m.s.id)
 	case rb != nil:
 		g.next = nil
 		return errStale
@@ -182,7 +182,7 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 	m := g.m
 	if wait {
 		for start := time.Now(); time.Since(start) < linkWait; {
-			pairs, index, err := m.s.watchTree(ctx, m.queueKey, g.mine, linkWait-time.Since(start))
+			pairs, index, err := m.s.watchTree(ctx, m.queueKey(), g.mine, linkWait-time.Since(start))
 			if err != nil {
 				return err
 			}
@@ -205,12 +205,12 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 		return err
 	}
 	if v.lock == nil || v.lock.Session != m.s.id {
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey, m.s.id)
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey(), m.s.id)
 	}
 	m.s.dropDead(ctx, v.dead)
 	g.next, g.tailIndex = nil, 0
 	for _, e := range v.queue {
-		if e.Key != m.queueKey {
+		if e.Key != m.queueKey() {
 			w := m.entry(e.Session, e.CreateIndex)
 			g.next = &w
 			return nil
@@ -232,8 +232,8 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	s := m.s
 	resp, err := s.txn(ctx, api.TxnOps{
-		kvOp(api.KVGetTree, m.queueKey), kvOp(api.KVGetOrEmpty, m.lockKey), kvOp(api.KVGetOrEmpty, m.tailKey),
-		kvOp(api.KVDelete, m.queueKey), kvOp(api.KVDelete, m.queueKey+heldSuffix),
+		kvOp(api.KVGetTree, m.queueKey()), kvOp(api.KVGetOrEmpty, m.lockKey()), kvOp(api.KVGetOrEmpty, m.tailKey()),
+		kvOp(api.KVDelete, m.queueKey()), kvOp(api.KVDelete, m.queueKey()+heldSuffix),
 	})
 	var rb *rollback
 	switch {
@@ -247,16 +247,16 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	for _, r := range resp.Results {
 		switch e := r.KV; {
 		case e == nil || e.ModifyIndex == 0:
-		case e.Key == m.lockKey:
+		case e.Key == m.lockKey():
 			lock = e
-		case e.Key == m.tailKey:
+		case e.Key == m.tailKey():
 			tail = e
-		case strings.HasPrefix(e.Key, m.queueKey+"/"):
+		case strings.HasPrefix(e.Key, m.queueKey()+"/"):
 			wake = appendWake(wake, e)
 		}
 	}
 	if len(wake) > 0 {
-		wake = append(wake[:min(len(wake), MaxTxnOps-1)], kvOp(api.KVDeleteTree, m.queueKey+"/"))
+		wake = append(wake[:min(len(wake), MaxTxnOps-1)], kvOp(api.KVDeleteTree, m.queueKey()+"/"))
 		if _, err := s.txn(ctx, wake); err != nil {
 			return nil, err
 		}

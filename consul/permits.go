@@ -13,114 +13,75 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// The keys that Semaphore and RWMutex share, and what a read of them says:
-// permits counted in a JSON lock key "<name>/.lock" (no session, updated by
-// CAS on its ModifyIndex) and contender keys "<name>/<session ID>" acquired
-// with their session, api.Semaphore's layout. permitwait.go takes a permit,
-// permitleave.go ends one; the steps are in docs/DESIGN.md ("Consul
-// semaphore and read-write lock").
+// Semaphore and RWMutex share api.Semaphore's layout: contender keys
+// "<name>/<session ID>" acquired with their session, and the lock key
+// "<name>/.lock" saying who holds a permit, updated by CAS on its
+// ModifyIndex. This file reads them; permitwait.go takes a permit,
+// permitleave.go ends one (docs/DESIGN.md, "Consul semaphore and read-write
+// lock").
 
 // RWMutexFlagValue is the flags value of an RWMutex's keys ("holdrwlk" in
-// ASCII). api.Lock (LockFlagValue), api.Semaphore (SemaphoreFlagValue) and
-// holdfast's Mutex and Semaphore refuse a lock key with these flags, and an
-// RWMutex refuses theirs.
+// ASCII). api.Lock, api.Semaphore and holdfast's Mutex and Semaphore refuse
+// a lock key with these flags, and an RWMutex refuses theirs.
 const RWMutexFlagValue uint64 = 0x686f6c6472776c6b
 
-// Values of holdfast's contender keys. A contender key is created with its
-// waiting value (the mode it waits for) and set to valHeld, in the same
-// transaction as the lock-key write that admits it; so its ModifyIndex is
-// then the grant's token. valHeldNext says that the same write admitted the
-// next waiter in the queue too (so that waiter, which watches this key, knows
-// it is admitted without a read). Keys with other values are foreign
-// contenders (api.Semaphore, `consul lock -n`): holdfast never waits for
-// them and never hands them a permit.
+// Values of holdfast's contender keys: the mode a contender waits for, then
+// valHeld, set by the lock-key write that admits it (its index is the
+// token); valHeldNext: that write admitted the next waiter too. Other values
+// are foreign contenders' (api.Semaphore, `consul lock -n`).
 const (
-	valWait     = "holdfast"       // a Semaphore's waiter
-	valRead     = "holdfast read"  // an RWMutex's waiting reader
-	valWrite    = "holdfast write" // an RWMutex's waiting writer
-	valHeld     = "holdfast held"
-	valHeldNext = "holdfast held+next"
-	// valDowngraded is an RWMutex's key after Downgrade (the read grant
-	// keeps the write grant's token).
-	valDowngraded = "holdfast held, downgraded"
+	valWait       = "holdfast"       // a Semaphore's waiter
+	valRead       = "holdfast read"  // an RWMutex's waiting reader
+	valWrite      = "holdfast write" // an RWMutex's waiting writer
+	valHeld       = "holdfast held"
+	valHeldNext   = "holdfast held+next"
+	valDowngraded = "holdfast held, downgraded" // keeps the write grant's token
 )
-
-// permits is a Semaphore's or an RWMutex's keys and rules. What differs
-// between the two follows from limit (0: an RWMutex; see kind).
-type permits struct {
-	s       *Session
-	name    string
-	prefix  string // name + "/"
-	lockKey string // name + "/.lock"
-	myKey   string // name + "/" + session ID: our contender key
-	limit   int    // a Semaphore's; 0 for an RWMutex, which has no limit
-}
-
-func newPermits(s *Session, name string, limit int) *permits {
-	myKey := name + "/" + s.id
-	return &permits{
-		s: s, name: myKey[:len(name)], prefix: myKey[:len(name)+1],
-		lockKey: name + lockSuffix, myKey: myKey, limit: limit,
-	}
-}
 
 // permitKind is what tells a Semaphore's keys from an RWMutex's.
 type permitKind struct {
-	what   string // for errors
-	flags  uint64 // of the lock key and the contender keys
-	shared string // a waiting contender's value (a Semaphore's: all)
-	writer string // a waiting RWMutex writer's value
+	what           string // for errors
+	flags          uint64 // of the lock key and the contender keys
+	shared, writer string // a waiting contender's value
+	foreignOK      bool   // foreign contenders (api.Semaphore's) may share the name
 }
 
 var (
-	semaphoreKind = &permitKind{what: "semaphore", flags: api.SemaphoreFlagValue, shared: valWait, writer: valWait}
+	semaphoreKind = &permitKind{what: "semaphore", flags: api.SemaphoreFlagValue, shared: valWait, writer: valWait, foreignOK: true}
 	rwKind        = &permitKind{what: "read-write lock", flags: RWMutexFlagValue, shared: valRead, writer: valWrite}
 )
 
-func (p *permits) kind() *permitKind {
-	if p.limit == 0 {
-		return rwKind
-	}
-	return semaphoreKind
+// permits is a Semaphore's (limit > 0) or an RWMutex's (limit 0) keys.
+type permits struct {
+	*permitKind
+	s                            *Session
+	name, prefix, lockKey, myKey string // "<name>", "<name>/", "<name>/.lock", "<name>/<session ID>"
+	limit                        int
 }
 
-// decode returns the lock key's state, or an error wrapping
-// holdfast.ErrConflict if it is not ours to use: foreign flags, a value we
-// cannot decode, or a semaphore limit other than ours.
-func (p *permits) decode(lock *api.KVPair) (permitState, error) {
-	k := p.kind()
-	if lock == nil {
-		return permitState{limit: p.limit, holders: map[string]bool{}}, nil
+// newPermits checks the arguments common to NewSemaphore and NewRWMutex.
+func newPermits(s *Session, name string, limit int) (*permits, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
 	}
-	if lock.Flags != k.flags {
-		return permitState{}, fmt.Errorf("%w: %s has flags %#x, not a %s's %#x", holdfast.ErrConflict, p.lockKey, lock.Flags, k.what, k.flags)
+	if err := holdfast.ValidateName(name); err != nil {
+		return nil, err
 	}
-	st, err := decodeLock(lock.Value, p.limit)
-	switch {
-	case err != nil:
-		return permitState{}, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
-	case st.limit != p.limit:
-		return permitState{}, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit)
+	k := semaphoreKind
+	if limit == 0 {
+		k = rwKind
 	}
-	return st, nil
-}
-
-// waitValue is the value of our contender key while it waits.
-func (p *permits) waitValue(exclusive bool) []byte {
-	if exclusive {
-		return []byte(p.kind().writer)
+	if err := s.alive(); err != nil {
+		return nil, err
 	}
-	return []byte(p.kind().shared)
+	return &permits{permitKind: k, s: s, name: name, prefix: name + "/", lockKey: name + lockSuffix, myKey: name + "/" + s.id, limit: limit}, nil
 }
 
 // fits reports whether a contender (exclusive: an RWMutex's writer) may be
-// admitted beside the holders of st: within a Semaphore's limit, and with
-// no writer among them (a writer alone).
+// admitted beside the holders of st: within the limit, and no writer with
+// anyone.
 func (p *permits) fits(st permitState, exclusive bool) bool {
-	if p.limit > 0 && len(st.holders) >= p.limit {
-		return false
-	}
-	if exclusive && writerAlone() && len(st.holders) > 0 {
+	if p.limit > 0 && len(st.holders) >= p.limit || exclusive && writerAlone() && len(st.holders) > 0 {
 		return false
 	}
 	for _, x := range st.holders {
@@ -133,260 +94,205 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 
 // contender is a holdfast contender key that waits.
 type contender struct {
-	key, session string
-	index        uint64 // ModifyIndex
-	create       uint64 // CreateIndex: the queue order
-	exclusive    bool
+	key, session  string
+	index, create uint64 // ModifyIndex; CreateIndex, the queue order
+	exclusive     bool
 }
 
-// pview is what we know of the permits.
+// pview is what one read of the subtree "<name>/" says.
 type pview struct {
-	lock *api.KVPair // nil if absent
-	// st: the holders, pruned of dead ones: lock and the contender keys come
-	// from one snapshot (a read of the subtree), so holders whose session
-	// holds no key are known dead.
-	st      permitState
-	waiters []contender   // holdfast waiters, by CreateIndex
-	me      *api.KVPair   // our live contender key, if any
-	dead    []*api.KVPair // contender keys without a session
+	lock    *api.KVPair   // nil if absent
+	st      permitState   // the holders, pruned of those whose session holds no key read
+	waiters []contender   // holdfast waiters of our kind, by CreateIndex
+	pos     int           // our place among waiters; -1: we do not wait
+	me      *api.KVPair   // our contender key, if our session holds it
+	dead    []*api.KVPair // Semaphore and RWMutex contender keys held by no session
 	err     error         // why we must not use the name (ErrConflict)
-	foreign bool          // a foreign contender (api.Semaphore) has a live key
+	foreign bool          // a foreign contender (api.Semaphore's) is live
 	index   uint64        // the highest ModifyIndex read
 }
 
-// parse builds a view from a transaction's results that include a read of
-// the subtree "<name>/" (the last answer about a key is the latest).
-func (p *permits) parse(results []*api.TxnResult) pview { return p.parseKVs(latest(results)) }
+// parse builds a view from the results of a transaction that read the
+// subtree: the last answer about a key is the latest.
+func (p *permits) parse(results []*api.TxnResult) pview {
+	at := make(map[string]int, len(results))
+	var kvs []*api.KVPair
+	for _, r := range results {
+		if r.KV == nil {
+			continue
+		}
+		if i, ok := at[r.KV.Key]; ok {
+			kvs[i] = r.KV
+			continue
+		}
+		at[r.KV.Key] = len(kvs)
+		kvs = append(kvs, r.KV)
+	}
+	return p.parseKVs(kvs)
+}
 
-// parseKVs builds a view from the keys of the subtree "<name>/", read at
-// once.
+// parseKVs builds a view from the keys of the subtree, read at once.
 func (p *permits) parseKVs(kvs []*api.KVPair) pview {
-	var v pview
-	k := p.kind()
+	v := pview{pos: -1}
 	live := make(map[string]bool, len(kvs))
-	ours := make(map[string]bool, len(kvs)) // keys with our kind's flags
-	var keys []*api.KVPair
-	for _, e := range kvs { // 1. the keys: the lock key, contenders
+	for _, e := range kvs {
 		v.index = max(v.index, e.ModifyIndex)
-		ours[e.Key] = e.Flags == k.flags
 		if e.Session != "" {
 			live[e.Session] = true // api.Semaphore's rule for a live holder
 		}
+		if e.Key == p.myKey && e.Session == p.s.id && e.Flags == p.flags {
+			v.me = e
+		}
 		if e.Key == p.lockKey {
 			v.lock = e
-		} else if p.contenderKey(&v, e) {
-			keys = append(keys, e)
+		} else {
+			p.classify(&v, e)
 		}
 	}
-	st, err := p.decode(v.lock) // 2. the holders, pruned of dead ones
-	switch {
-	case err == nil:
-	case v.lock.Flags != k.flags:
-		// Another kind's lock key (deadkey.go): live, a conflict; dead,
-		// our admission replaces it (its CAS at the index read).
-		if l := liveUnder(kvs, v.lock, func(key string) bool { return ours[key] }); l != nil {
-			v.err = otherKindError(v.lock, l, p.prefix, "a holdfast "+k.what)
-		}
-		st = permitState{limit: p.limit, holders: map[string]bool{}}
-	default:
-		v.conflict(err)
-		st = permitState{limit: p.limit, holders: map[string]bool{}}
-	}
+	st, err := p.decode(v.lock, kvs)
+	v.err = cmp.Or(err, v.err)
 	for h := range st.holders {
 		if prunable(live, h) {
 			delete(st.holders, h)
 		}
 	}
 	v.st = st
-	for _, e := range keys { // 3. the waiters, by CreateIndex
-		if e.Key == p.myKey && e.Session == p.s.id {
-			v.me = e
-		}
-		p.waiter(&v, e)
-	}
 	slices.SortFunc(v.waiters, func(x, y contender) int { return cmp.Compare(x.create, y.create) })
+	if v.me != nil {
+		v.pos = slices.IndexFunc(v.waiters, func(w contender) bool { return w.key == p.myKey })
+	}
 	return v
 }
 
-// latest returns the last answer about each key of results, in the order
-// the keys first appear.
-func latest(results []*api.TxnResult) []*api.KVPair {
-	last := make(map[string]int, len(results))
-	var kvs []*api.KVPair
-	for _, r := range results {
-		e := r.KV
-		if e == nil {
-			continue
-		}
-		if i, ok := last[e.Key]; ok {
-			kvs[i] = e
-			continue
-		}
-		last[e.Key] = len(kvs)
-		kvs = append(kvs, e)
+// decode returns the holders in lock (none if absent or another kind's),
+// or an error wrapping holdfast.ErrConflict: a live lock key of another
+// kind (a dead one is replaced by our admission's CAS at its index), a value
+// we cannot decode, a limit other than ours.
+func (p *permits) decode(lock *api.KVPair, kvs []*api.KVPair) (permitState, error) {
+	none := permitState{limit: p.limit, holders: map[string]bool{}}
+	if lock == nil {
+		return none, nil
 	}
-	return kvs
-}
-
-// contenderKey reports whether e, a key other than the lock key, is a live
-// contender key of ours to look at; it notes in v a key that is not ours to
-// use (a conflict) or a contender key without a session (dead: ours, or
-// another Semaphore's or RWMutex's). Any other key held by no session is
-// nobody's lock (a plain data key, a dead Mutex's tail): left alone.
-func (p *permits) contenderKey(v *pview, e *api.KVPair) bool {
-	k := p.kind()
-	rest, ok := strings.CutPrefix(e.Key, p.prefix)
-	shaped := rest != "" && !strings.Contains(rest, "/") && !strings.HasPrefix(rest, ".")
+	if lock.Flags != p.flags {
+		if l := liveUnder(kvs, lock, func(e *api.KVPair) bool { return e.Flags == p.flags }); l != nil {
+			return none, otherKindError(lock, l, p.prefix, "a holdfast "+p.what)
+		}
+		return none, nil
+	}
+	st, err := decodeLock(lock.Value, p.limit)
 	switch {
-	case !ok:
-	case e.Session == "" && shaped && (e.Flags == api.SemaphoreFlagValue || e.Flags == RWMutexFlagValue):
-		v.dead = append(v.dead, e)
+	case err != nil:
+		return none, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
+	case st.limit != p.limit:
+		return none, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit)
+	}
+	return st, nil
+}
+
+// classify notes in v the key e, other than the lock key: a holdfast waiter
+// of our kind, a foreign contender, a dead Semaphore's or
+// RWMutex's contender key, or a conflict. Any other key held by no session
+// is nobody's lock (a plain data key, a dead Mutex's tail): left alone.
+func (p *permits) classify(v *pview, e *api.KVPair) {
+	rest, under := strings.CutPrefix(e.Key, p.prefix)
+	shaped := rest != "" && !strings.Contains(rest, "/") && rest[0] != '.'
+	val := string(e.Value)
+	switch {
+	case !under:
 	case e.Session == "":
-	case !shaped:
-		v.conflict(fmt.Errorf("%w: %q is under %s: not a %s's key", holdfast.ErrConflict, e.Key, p.prefix, k.what))
-	case e.Flags != k.flags:
-		v.conflict(fmt.Errorf("%w: %s has flags %#x, not a %s contender's %#x", holdfast.ErrConflict, e.Key, e.Flags, k.what, k.flags))
-	default:
-		return true
-	}
-	return false
-}
-
-// waiter adds the live contender key e to v's waiters if it is a holdfast
-// waiter of our kind; a holder's key is skipped, a foreign contender noted
-// (api.Semaphore's: never waited for; an RWMutex has none: a conflict).
-func (p *permits) waiter(v *pview, e *api.KVPair) {
-	k := p.kind()
-	c := contender{key: e.Key, session: e.Session, index: e.ModifyIndex, create: e.CreateIndex}
-	switch val := string(e.Value); val {
-	case valHeld, valHeldNext, valDowngraded:
-		return
-	case k.shared:
-	case k.writer:
-		c.exclusive = true
-	case valWait, valRead, valWrite:
-		v.conflict(fmt.Errorf("%w: %s is another holdfast primitive's contender, not a %s's", holdfast.ErrConflict, e.Key, k.what))
-		return
-	default:
-		if k == rwKind {
-			v.conflict(fmt.Errorf("%w: %s is a foreign contender: %s is not a read-write lock", holdfast.ErrConflict, e.Key, p.name))
-			return
+		if shaped && (e.Flags == api.SemaphoreFlagValue || e.Flags == RWMutexFlagValue) {
+			v.dead = append(v.dead, e)
 		}
-		v.foreign = true // a foreign contender (api.Semaphore): never waited for
-		return
+	case !shaped:
+		v.conflict("%q is under %s: not a %s's key", e.Key, p.prefix, p.what)
+	case e.Flags != p.flags:
+		v.conflict("%s has flags %#x, not a %s contender's %#x", e.Key, e.Flags, p.what, p.flags)
+	case held(val):
+	case val == p.shared || val == p.writer:
+		v.waiters = append(v.waiters, contender{e.Key, e.Session, e.ModifyIndex, e.CreateIndex, val != p.shared})
+	case val == valWait || val == valRead || val == valWrite:
+		v.conflict("%s is another holdfast primitive's contender, not a %s's", e.Key, p.what)
+	case !p.foreignOK:
+		v.conflict("%s is a foreign contender: %s is not a %s", e.Key, p.name, p.what)
+	default:
+		v.foreign = true // never waited for
 	}
-	v.waiters = append(v.waiters, c)
 }
 
-func (v *pview) conflict(err error) {
+func (v *pview) conflict(format string, args ...any) {
 	if v.err == nil {
-		v.err = err
+		v.err = fmt.Errorf("%w: "+format, append([]any{holdfast.ErrConflict}, args...)...)
 	}
 }
+
+// held reports whether a contender key's value is an admitted one's.
+func held(val string) bool { return val == valHeld || val == valHeldNext || val == valDowngraded }
 
 // admitted reports whether our key holds a permit in v.
 func (v pview) admitted(p *permits) bool {
-	if v.me == nil {
-		return false
-	}
-	val := string(v.me.Value)
 	_, in := v.st.holders[p.s.id]
-	return in && (val == valHeld || val == valHeldNext || val == valDowngraded)
-}
-
-// waiting reports whether our key waits in v's queue.
-func (v pview) waiting(p *permits) bool {
-	return v.me != nil && slices.ContainsFunc(v.waiters, func(w contender) bool { return w.key == p.myKey })
+	return in && v.me != nil && held(string(v.me.Value))
 }
 
 // others returns the waiters other than us.
-func (v pview) others(p *permits) []contender {
-	return slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey })
-}
-
-// ahead returns the waiters queued before us.
-func (v pview) ahead() []contender {
-	var a []contender
-	for _, w := range v.waiters {
-		if w.create >= v.me.CreateIndex {
-			break
-		}
-		a = append(a, w)
+func (v pview) others() []contender {
+	if v.pos < 0 {
+		return v.waiters
 	}
-	return a
+	return slices.Delete(slices.Clone(v.waiters), v.pos, v.pos+1)
 }
 
-// admit admits the waiters of ws in order, as long as they fit beside the
-// holders of st (first come, first served: it stops at the first that does
-// not fit). It returns the new state and whom it admitted.
+// admit admits the waiters of ws in order while they fit beside the holders
+// of st (first come, first served), and returns the new state and whom it
+// admitted.
 func (p *permits) admit(st permitState, ws []contender) (permitState, []contender) {
 	st = st.clone()
-	var in []contender
-	for _, w := range ws {
+	for i, w := range ws {
 		delete(st.holders, w.session) // a stale entry of a waiting session counts for nothing
 		if !p.fits(st, w.exclusive) {
-			break
+			return st, ws[:i]
 		}
 		st.holders[w.session] = w.exclusive
-		in = append(in, w)
 	}
-	return st, in
+	return st, ws
 }
 
-// writeOps are the operations that store st in the lock key (seen in v) and
-// mark the admitted waiters' keys, so that each learns from its own key (or
-// its successor from it) that it was admitted, with this write's index as
-// its token.
+// writeOps store st in the lock key, by CAS at its index in v, and mark the
+// admitted waiters' keys (valHeldNext: the next one is admitted too), whose
+// token is this write's index.
 func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
-	var ops api.TxnOps
 	var index uint64
+	value := encodeLock(st)
 	if v.lock != nil {
 		index = v.lock.ModifyIndex
+		if string(value) == string(v.lock.Value) {
+			value = append(value, '\n') // else Consul would not move the index; JSON ignores it
+		}
 	}
-	verb := permitCAS()
-	value := encodeLock(st)
-	if v.lock != nil && string(value) == string(v.lock.Value) {
-		// Consul does not move the index of a write that changes nothing:
-		// a newline (which JSON ignores) makes the write a change.
-		value = append(value, '\n')
-	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: p.lockKey, Index: index, Flags: p.kind().flags, Value: value}})
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: permitCAS(), Key: p.lockKey, Index: index, Flags: p.flags, Value: value}}}
 	for i, w := range in {
 		val := valHeld
 		if i+1 < len(in) {
 			val = valHeldNext
 		}
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: w.key, Index: w.index, Flags: p.kind().flags, Value: []byte(val)}})
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: w.key, Index: w.index, Flags: p.flags, Value: []byte(val)}})
 	}
 	return ops
 }
 
-// roomy reports whether st leaves a permit free for some contender (a
-// Semaphore's permit; an RWMutex's read grant). A transaction that writes
-// such a state reads the subtree after its writes, and its sender passes
-// the free permits on (see passOn).
+// roomy reports whether st leaves a permit free (a read grant, for an
+// RWMutex): a write of it then passes permits on (step 6).
 func (p *permits) roomy(st permitState) bool { return p.fits(st, false) }
 
-// readAfter is the operation, last in a transaction, that reads the
-// subtree as the transaction's writes left it.
-func (p *permits) readAfter() *api.TxnOp { return kvOp(api.KVGetTree, p.prefix) }
-
-// read returns the subtree in one read-only transaction.
-func (p *permits) read(ctx context.Context) (pview, error) {
-	return p.readOps(ctx, api.TxnOps{kvOp(api.KVGetTree, p.prefix)})
-}
-
-// readOrdered returns the subtree too, in a transaction that also deletes a
-// key that never exists: that makes it a write, which Consul applies through
-// Raft after the writes sent before it, where a read-only transaction is
-// answered at once. A cleanup reads this way, so that a join or an
-// admission of ours whose request was abandoned but reached the server is
-// seen (and undone) rather than landing after the read.
-func (p *permits) readOrdered(ctx context.Context) (pview, error) {
-	return p.readOps(ctx, api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered"), kvOp(api.KVGetTree, p.prefix)})
-}
-
-func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
+// read returns the subtree. A cleanup reads it ordered: a transaction that
+// deletes a key that never exists is a write, applied through Raft after
+// the writes sent before it, so that a join or admission of ours whose
+// request was abandoned but reached the server is seen, not landing later.
+func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
+	ops := api.TxnOps{kvOp(api.KVGetTree, p.prefix)}
+	if ordered {
+		ops = append(api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered")}, ops...)
+	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := p.s.txn(ctx, ops)
@@ -398,4 +304,21 @@ func (p *permits) readOps(ctx context.Context, ops api.TxnOps) (pview, error) {
 		return pview{}, err
 	}
 	return p.parse(resp.Results), nil
+}
+
+// write sends ops, with the timeout of a request. If after, the
+// transaction also reads the subtree as its writes left it, and the
+// waiters that then fit are admitted (step 6, passOn).
+func (p *permits) write(ctx context.Context, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
+	n := len(ops)
+	if after {
+		ops = append(ops, kvOp(api.KVGetTree, p.prefix))
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	resp, err := p.s.txn(rctx, ops)
+	cancel()
+	if err == nil && after && len(resp.Results) >= n {
+		p.passOn(ctx, p.parse(resp.Results))
+	}
+	return resp, err
 }

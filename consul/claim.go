@@ -19,14 +19,11 @@ import (
 const ClaimFlags uint64 = 0x686f6c64636c6d01
 
 // Once is a once-per-period claim on Consul: the first claimant of a period
-// runs, every other claimant is refused at once with an error wrapping
-// holdfast.ErrClaimed (see holdfast.Schedule for AtLeast, AtMost and the
-// periods). Its keys, flagged ClaimFlags: the record "<name>/.claim" (the
-// last period claimed; it stays, about 30 bytes) and the run's mark
-// "<name>/.run", held by a claim session of its own (TTL AtMost/2, never
-// renewed). The steps are in docs/DESIGN.md ("Once-per-period claims").
-// A claim key of an older holdfast (held by a session, JSON value) refuses
-// every claim until its session ends; upgrade every replica together.
+// runs, every other one is refused at once with an error wrapping
+// holdfast.ErrClaimed (see holdfast.Schedule). Its keys, flagged ClaimFlags:
+// the record "<name>/.claim" (the last period claimed; it stays) and the
+// run's mark "<name>/.run", held by a claim session of its own (TTL
+// AtMost/2, never renewed). docs/DESIGN.md, "Once-per-period claims".
 type Once struct {
 	s      *Session
 	name   string
@@ -66,9 +63,7 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 // holds this period or a later one or a run holds the mark, and one
 // wrapping holdfast.ErrPeriodOver (and ErrClaimed) if period+Every had
 // passed when it was called or answered (the period is then recorded). It
-// costs a consistent read, a session creation and one transaction, bounded
-// by ctx; a session it does not use is destroyed before it returns (within
-// 2 s, else in the background).
+// costs a read, a session creation and a transaction, bounded by ctx.
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -87,8 +82,8 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	defer stop()
 	var id string // the run's session, once created: destroyed on failure
 	defer func() {
-		if err != nil {
-			o.destroyNow(ctx, id)
+		if err != nil && id != "" {
+			o.dispose(ctx, core.Backoff{Attempt: core.AttemptTimeout}, 0, func(ctx context.Context) error { return o.destroy(ctx, id) })
 		}
 	}()
 	var sent time.Time
@@ -125,14 +120,12 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	}
 }
 
-// errRecordMoved: the claim record moved since it was read (see mark).
 var errRecordMoved = errors.New("holdfast/consul: the claim record moved")
 
-// mark sets the record to period by check-and-set on rec's index (0:
-// absent) and acquires the run's mark with session id if no run holds it,
-// in one transaction, and returns the record's new index (the token). A
-// record moved since rec is errRecordMoved; a run holding the mark,
-// holdfast.ErrClaimed.
+// mark sets the record to period by a cas on rec's index and acquires the
+// run's mark with session id if no run holds it, in one transaction, and
+// returns the record's new index (the token): errRecordMoved if the record
+// moved since rec, holdfast.ErrClaimed if a run holds the mark.
 func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.KVPair) (uint64, error) {
 	var index uint64
 	if rec != nil {
@@ -165,8 +158,8 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 	return 0, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
 }
 
-// claim returns the Claim of period, made with session id (asked for at
-// sent) by the transaction with index token, answered at got.
+// claim returns the Claim made with session id (asked for at sent) by the
+// transaction with index token, answered at got.
 func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.Time) *Claim {
 	c := &Claim{o: o, id: id, period: period, made: got}
 	ttl := o.sched.AtMost / 2
@@ -180,27 +173,20 @@ func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.T
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
-// no health checks, named "holdfast claim <name> <random hex>"; a creation
-// Consul refused without applying it is sent again (as the holdfast
-// session's), within ctx. One whose outcome is unknown (no answer: Consul
-// may have applied it, or apply it later) is looked up by that name and
-// destroyed (see leftover).
+// no checks, named "holdfast claim <name> <random hex>", so that one whose
+// creation had no answer (and may be applied later) can be found and
+// destroyed, within ttl.
 func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	name := "holdfast claim " + o.name + " " + hex.EncodeToString(nonce[:])
-	body := map[string]any{
-		"Name":       name,
-		"TTL":        ttl.String(),
-		"LockDelay":  "0ms",
-		"Behavior":   api.SessionBehaviorDelete,
-		"NodeChecks": []string{},
-	}
+	body := map[string]any{"Name": name, "TTL": ttl.String(), "LockDelay": "0ms", "Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{}}
 	id, _, err := createSession(ctx, o.s.client, body)
+	if c := statusCode(err); err != nil && (c == 0 || c >= 500 && !refused(err)) {
+		// No answer, or the agent's error while the servers may have applied it.
+		o.dispose(ctx, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
+	}
 	if err != nil {
-		if c := statusCode(err); c == 0 || c >= 500 && !refused(err) {
-			o.leftover(ctx, name, ttl) // no answer, or an error the agent gave while the servers may have applied it
-		}
 		return "", apiError("create claim session", err)
 	}
 	return id, nil
@@ -210,79 +196,52 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 // that nothing is left when the process exits right after.
 const claimCleanup = 2 * time.Second
 
-// destroyNow destroys the claim session id (if not "") now, bounded by
-// claimCleanup (ctx's values, not its end); if that fails, in the holdfast
-// session's background, retrying while it lives (the claim session expires
-// by itself anyway). Behavior delete removes the keys it holds.
-func (o *Once) destroyNow(ctx context.Context, id string) {
-	if id == "" {
-		return
-	}
+// dispose runs destroy now, bounded by claimCleanup (ctx's values, not its
+// end); if that fails, again with b in the holdfast session's background
+// while it lives, for at most within (0: no bound). The claim session
+// expires by its TTL anyway.
+func (o *Once) dispose(ctx context.Context, b core.Backoff, within time.Duration, destroy func(context.Context) error) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
-	err := o.destroy(dctx, id)
+	err := destroy(dctx)
 	cancel()
 	if err == nil {
 		return
 	}
 	o.s.bg.Go(func(ctx context.Context) {
-		_ = core.Retry(ctx, func(ctx context.Context) error { return o.destroy(ctx, id) })
+		if within > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, within)
+			defer cancel()
+		}
+		_ = b.Retry(ctx, destroy)
 	})
 }
 
-// errNoLeftover: a lookup found no claim session of the name looked for.
+// errNoLeftover: no claim session of that name yet (its creation may still
+// be applied).
 var errNoLeftover = errors.New("holdfast/consul: no claim session of that name yet")
 
-// leftover destroys the claim session called name whose creation had no
-// answer: it looks it up and destroys it now, bounded by claimCleanup
-// (ctx's values, not its end); if the store did not answer, or showed no
-// such session (the creation may still be applied: a frozen agent that
-// resumes), it goes on in the holdfast session's background, for at most
-// ttl, while that session lives (a session created later than that
-// expires by its TTL anyway).
-func (o *Once) leftover(ctx context.Context, name string, ttl time.Duration) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
-	err := o.destroyNamed(dctx, name)
-	cancel()
-	if err == nil {
-		return
-	}
-	o.s.bg.Go(func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, ttl)
-		defer cancel()
-		_ = core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}.Retry(ctx, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
-	})
-}
-
-// destroyNamed destroys the sessions called name: nil once it destroyed
-// one, errNoLeftover if there is none.
+// destroyNamed destroys the sessions called name: errNoLeftover if none.
 func (o *Once) destroyNamed(ctx context.Context, name string) error {
 	all, _, err := o.s.client.Session().List((&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return apiError("list sessions", err)
 	}
-	found := false
+	found := errNoLeftover
 	for _, e := range all {
-		if e.Name != name {
-			continue
+		if e.Name == name {
+			if found = o.destroy(ctx, e.ID); found != nil {
+				return found
+			}
 		}
-		if err := o.destroy(ctx, e.ID); err != nil {
-			return err
-		}
-		found = true
 	}
-	if !found {
-		return errNoLeftover
-	}
-	return nil
+	return found
 }
 
 // destroy destroys the claim session id: nil if it is gone.
 func (o *Once) destroy(ctx context.Context, id string) error {
 	_, err := o.s.client.Session().Destroy(id, writeOpts(ctx))
-	if statusCode(err) == http.StatusNotFound {
-		return nil
-	}
-	if err != nil {
+	if err != nil && statusCode(err) != http.StatusNotFound {
 		return apiError("destroy claim session", err)
 	}
 	return nil
@@ -293,8 +252,8 @@ func (o *Once) over(period time.Time) error {
 	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
 }
 
-// refusedBy returns the error of a claim of period that the record rec (nil:
-// absent) refuses, or nil if it does not.
+// refusedBy is the error of a claim of period that the record rec (nil:
+// absent) refuses, or nil.
 func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
 	if rec == nil {
 		return nil
@@ -336,12 +295,11 @@ func (o *Once) fail(ctx context.Context, err error) error {
 	return fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
 }
 
-// Claim is a held once-per-period claim. It implements holdfast.Grant: its
-// key is the run's mark "<name>/.run", its token the ModifyIndex of the
-// transaction that claimed the period (tokens of successive claims of a
-// name increase). Its context ends with ErrReleased on Unlock, and with an
-// error wrapping holdfast.ErrLost at its safe deadline (see Deadline) or
-// when the session ends.
+// Claim is a held once-per-period claim, a holdfast.Grant: its key is the
+// run's mark "<name>/.run", its token the ModifyIndex of the transaction
+// that claimed the period. Its context ends with ErrReleased on Unlock, and
+// with an error wrapping holdfast.ErrLost at its deadline or the session's
+// end.
 type Claim struct {
 	base   *core.Grant
 	o      *Once
@@ -364,18 +322,14 @@ func (c *Claim) Period() time.Time { return c.period }
 // Context implements holdfast.Grant.
 func (c *Claim) Context() context.Context { return c.base.Context() }
 
-// Deadline implements holdfast.Grant: the moment the claim's session was
-// asked for plus AtMost/2 (its TTL, the earliest Consul may invalidate it)
-// minus a fifth of that. The claim is never renewed: a run must finish by
-// then.
+// Deadline implements holdfast.Grant: when the claim's session was asked
+// for, plus 4/5 of its TTL (AtMost/2). A run must finish by then.
 func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 
-// Unlock implements holdfast.Grant: the run is over. It first waits until
-// AtLeast has passed since the claim was made (or the deadline, or ctx
-// ends), then destroys the claim's session, which deletes the run's mark:
-// nothing of the claim is left but the record. If ctx ends first, the
-// destruction goes on in the background while the holdfast session lives,
-// and Consul invalidates the session by its TTL otherwise.
+// Unlock implements holdfast.Grant: the run is over. It waits until AtLeast
+// has passed since the claim was made (or the deadline, or ctx's end), then
+// destroys the claim's session, which deletes the run's mark (if ctx ends
+// first, in the background).
 func (c *Claim) Unlock(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -388,12 +342,8 @@ func (c *Claim) Unlock(ctx context.Context) error {
 // held: a check-session of the run's mark on the claim's own session.
 func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.run, c.id)} }
 
-// Txn runs ops in one Consul transaction that applies only while the claim
-// is held (Guard first). If the claim ended (locally or in Consul), nothing
-// is applied and the error wraps holdfast.ErrNotHeld. ops may not touch the
-// claim's keys (under "<name>/.": refused with an error wrapping
-// holdfast.ErrInvalidArgument before any request), nor be empty or more
-// than MaxTxnOps-1. On success the response's Results are those of ops.
+// Txn runs ops in one transaction that applies only while the claim is held
+// (Guard first), as Grant.Txn; ops may not touch the keys under "<name>/.".
 func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -411,9 +361,8 @@ func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	})
 }
 
-// release ends the run in Consul (one attempt; the core retries it): it
-// destroys the claim's session, which deletes the run's mark and nothing
-// else (behavior delete).
+// release destroys the claim's session (one attempt; the core retries it),
+// which deletes the run's mark.
 func (c *Claim) release(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()

@@ -11,13 +11,11 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// errSessionGone means Consul answered that the session does not exist (it
-// was destroyed, or invalidated by its TTL or a health check).
+// errSessionGone: Consul answered that the session does not exist.
 var errSessionGone = errors.New("session not found in Consul")
 
-// apiError wraps an error of the Consul HTTP API with what we were doing. An
-// ACL refusal (HTTP 403) becomes an error wrapping
-// holdfast.ErrPermissionDenied.
+// apiError wraps an error of the Consul HTTP API with what we were doing;
+// an ACL refusal (HTTP 403) wraps holdfast.ErrPermissionDenied.
 func apiError(op string, err error) error {
 	var se api.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusForbidden {
@@ -35,21 +33,17 @@ func statusCode(err error) int {
 	return 0
 }
 
-// refused reports whether Consul answered that it did not apply a request:
-// HTTP 429 (rate limited), or a 500 while it has no leader or before the
-// agent's node is registered (for a moment after it starts). Sending the
-// request again is then safe.
+// refused reports whether Consul answered that it did not apply a request,
+// so that sending it again is safe: HTTP 429, or a 500 without a leader or
+// before the agent's node is registered.
 func refused(err error) bool {
 	var se api.StatusError
-	if !errors.As(err, &se) {
-		return false
-	}
-	return se.Code == http.StatusTooManyRequests ||
-		se.Code >= 500 && (strings.Contains(se.Body, "No cluster leader") || strings.Contains(se.Body, "Missing node registration"))
+	return errors.As(err, &se) && (se.Code == http.StatusTooManyRequests ||
+		se.Code >= 500 && (strings.Contains(se.Body, "No cluster leader") || strings.Contains(se.Body, "Missing node registration")))
 }
 
-// txnError turns a rolled-back transaction into the error a caller gets: one
-// wrapping holdfast.ErrPermissionDenied if an ACL refused an operation.
+// txnError is the error of a rolled-back transaction: wrapping
+// holdfast.ErrPermissionDenied if an ACL refused an operation.
 func txnError(op string, r *rollback) error {
 	if r.denied() {
 		return fmt.Errorf("%w: holdfast/consul: %s: %v", holdfast.ErrPermissionDenied, op, r)

@@ -13,14 +13,11 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// Grant is a held Consul lock, permit or leadership; it implements
-// holdfast.Grant. It lasts while our session holds its key (Key: the lock
-// key "<name>/.lock", or a permit's contender key "<name>/<session ID>"):
-// a write that keeps our session (a poke) does not end it; the session's
-// end, or the key deleted or taken over from outside (noticed within
-// TTL/3), does. Its token is the ModifyIndex of the write that granted it.
-// Unlock, the handoff and Txn are guarded by a check-session of the key
-// (docs/DESIGN.md, "Lock names and key layout").
+// Grant is a held Consul lock, permit or leadership, a holdfast.Grant. It
+// lasts while our session holds its key (the lock key "<name>/.lock", or a
+// permit's contender key "<name>/<session ID>"); the session's end, or the
+// key deleted or taken over from outside, ends it. Its token is the
+// ModifyIndex of the write that granted it.
 type Grant struct {
 	base   *core.Grant // key, token, context, reentrancy; ends it through ending
 	s      *Session
@@ -28,21 +25,18 @@ type Grant struct {
 	rel    releaser // how the grant's algorithm ends it in Consul
 }
 
-// releaser is a grant's end in Consul, by its algorithm: lockHold
-// (release.go: a Mutex's, with resign an Election's) or permitHold
-// (permitleave.go: a Semaphore's or RWMutex's).
+// releaser ends a grant in Consul: lockHold (release.go: a Mutex's or an
+// Election's) or permitHold (permitleave.go: a Semaphore's or RWMutex's).
 type releaser interface {
-	// release ends g in Consul after Unlock or a loss (see core.Releaser).
-	release(ctx context.Context, g *Grant) error
-	// drop ends g as its session closes: no handoff, the key goes.
-	drop(ctx context.Context, g *Grant) error
+	release(ctx context.Context, g *Grant) error // after Unlock or a loss
+	drop(ctx context.Context, g *Grant) error    // as the session closes: no handoff
 }
 
 // ending is a Grant as internal/core ends it.
 type ending Grant
 
-// Release implements core.Releaser: the algorithm's release (g.rel); once
-// it is done, or cannot be done, the session forgets the grant.
+// Release implements core.Releaser: g.rel's release; once done, or
+// impossible, the session forgets the grant.
 func (e *ending) Release(ctx context.Context) error {
 	g := (*Grant)(e)
 	err := g.rel.release(ctx, g)
@@ -54,8 +48,7 @@ func (e *ending) Release(ctx context.Context) error {
 
 var _ holdfast.Grant = (*Grant)(nil)
 
-// Key implements holdfast.Grant: the lock key, "<name>/.lock" (a permit's:
-// its contender key, "<name>/<session ID>").
+// Key implements holdfast.Grant.
 func (g *Grant) Key() string { return g.base.Key() }
 
 // Token implements holdfast.Grant.
@@ -67,32 +60,23 @@ func (g *Grant) Context() context.Context { return g.base.Context() }
 // Deadline implements holdfast.Grant.
 func (g *Grant) Deadline() time.Time { return g.base.Deadline() }
 
-// Unlock implements holdfast.Grant. When holdfast waiters queue, it hands the
-// lock directly to the next one, in one transaction; otherwise it deletes the
-// lock key. Either way the write is guarded by our session holding the key.
-// It costs one request when the grant knows the next waiter (the waiter
-// linked itself behind us) or that nobody queued behind us; when a waiter
-// queued but has not linked itself yet, Unlock waits for its link (at most
-// 250 ms) and otherwise reads the whole queue.
+// Unlock implements holdfast.Grant: it hands the lock to the next holdfast
+// waiter, or deletes the key, in one write guarded by our session holding
+// the key (usually one request).
 func (g *Grant) Unlock(ctx context.Context) error { return g.base.Unlock(ctx) }
 
-// Guard returns the operation that succeeds exactly while this grant is
-// held: a check-session of the lock key on our session. Put it first in
-// your own /v1/txn transactions; Txn does it for you.
+// Guard returns the operation that succeeds exactly while the grant is
+// held (a check-session of its key), to put first in your own transactions.
 func (g *Grant) Guard() api.TxnOps {
 	return api.TxnOps{checkSession(g.Key(), g.s.id)}
 }
 
-// Txn runs ops in one Consul transaction (/v1/txn) that applies only while
-// the grant is held (Guard first). Refused before any request, with an
-// error wrapping holdfast.ErrInvalidArgument: no ops, more than
-// MaxTxnOps-1, a nil op, or one that touches the lock's own keys under
-// "<name>/" (or deletes a tree that holds them). If the grant is not held,
-// nothing is applied and the error wraps holdfast.ErrNotHeld (a guard that
-// fails in Consul ends the grant). If one of ops fails, nothing is applied
-// and the response comes with the error, its Errors indexed in ops; on
-// success its Results are those of ops. An ACL refusal wraps
-// holdfast.ErrPermissionDenied; a request without answer may have applied.
+// Txn runs ops in one transaction that applies only while the grant is held
+// (Guard first); if it is not, the error wraps holdfast.ErrNotHeld (and the
+// grant ends). No ops, more than MaxTxnOps-1, a nil op, or one under
+// "<name>/" are refused with holdfast.ErrInvalidArgument. If one of ops
+// fails, nothing is applied and the response comes with the error, its
+// Errors indexed in ops; on success its Results are those of ops.
 func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -110,10 +94,8 @@ func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	})
 }
 
-// guardedTxn sends guard, then ops, in one transaction for Txn on what.
-// If guard fails, the error is lost's (an ACL refusal's, if it was one);
-// if one of ops fails, the response is returned too, its Errors indexed in
-// ops. On success the response's Results are those of ops.
+// guardedTxn sends guard, then ops, in one transaction (see Txn); if guard
+// fails, the error is lost's (unless an ACL refused it).
 func (s *Session) guardedTxn(ctx context.Context, what string, guard, ops api.TxnOps, lost func() error) (*api.TxnResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -156,8 +138,7 @@ func (g *Grant) checkOps(ops api.TxnOps) error {
 	return nil
 }
 
-// lose ends the grant after the check of held keys found its key e (never
-// nil: get-or-empty) not held by our session.
+// lose ends the grant after checkKeys found its key e not held by us.
 func (g *Grant) lose(e *api.KVPair) {
 	why := "deleted"
 	switch {
@@ -169,10 +150,8 @@ func (g *Grant) lose(e *api.KVPair) {
 	g.base.Lose(fmt.Errorf("%w: %s was %s from outside", holdfast.ErrLost, g.Key(), why))
 }
 
-// releaseKey deletes key if our session holds it: [check-session, delete].
-// It releases what the session holds outside any live grant: the key of a
-// lost grant, of a failed acquisition, and on Close. It returns an error
-// wrapping holdfast.ErrNotHeld if the check fails.
+// releaseKey deletes key if our session holds it (else an error wrapping
+// holdfast.ErrNotHeld): a key held outside any live grant.
 func (s *Session) releaseKey(ctx context.Context, key string) error {
 	ops := append(releaseGuard(key, s.id), kvOp(api.KVDelete, key))
 	_, err := s.txn(ctx, ops)

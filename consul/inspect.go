@@ -14,14 +14,10 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// Inspect reads what Consul holds of name, writing nothing: the kind of
-// primitive (holdfast.KindUnknown for a free lock or election, which leaves
-// no key), its holders and waiters in order with their tokens and sessions
-// (TTL and lock-delay), whether holdfast or a native client wrote each key,
-// and the keys that are not the primitive's (Other). It costs one
-// consistent read of "<name>/" and one session lookup per contender
-// (docs/DESIGN.md, "Reading a name"). An invalid name is an error wrapping
-// holdfast.ErrInvalidName, an ACL refusal holdfast.ErrPermissionDenied.
+// Inspect reads what Consul holds of name, writing nothing: the primitive's
+// kind, its holders and waiters in order (tokens, sessions, origin), and
+// the keys that are not its own (Other); a free lock shows KindUnknown. It
+// costs a consistent read of "<name>/" and a session lookup per contender.
 func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, error) {
 	if ctx == nil || c == nil {
 		return nil, fmt.Errorf("%w: nil context or client", holdfast.ErrInvalidArgument)
@@ -50,16 +46,14 @@ func Inspect(ctx context.Context, c *api.Client, name string) (*holdfast.State, 
 	return st, nil
 }
 
-// inspector describes the contenders that Inspect finds, looking up each
-// session once.
+// inspector describes contenders, looking up each session once.
 type inspector struct {
 	ctx      context.Context
 	c        *api.Client
 	sessions map[string]*api.SessionEntry // nil: unknown
 }
 
-// contender describes p, a key held by a session, with that session's TTL
-// and lock-delay.
+// contender describes p, a key held by a session.
 func (in *inspector) contender(p *api.KVPair) holdfast.Contender {
 	ct := holdfast.Contender{Key: p.Key, Session: p.Session, Left: -1}
 	s, ok := in.sessions[p.Session]
@@ -119,10 +113,9 @@ func inspectLock(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, in *in
 // byArrival orders keys by CreateIndex.
 func byArrival(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) }
 
-// inspectPermits fills st from a semaphore's or a read-write lock's keys
-// (api.Semaphore's layout, see Semaphore and RWMutex): the holders that
-// the lock key names and that still hold their contender key, then the
-// other live contenders, each group by arrival (CreateIndex).
+// inspectPermits fills st from a semaphore's or a read-write lock's keys:
+// the holders the lock key names, then the other live contenders, each by
+// arrival.
 func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, in *inspector) {
 	st.Kind = holdfast.KindSemaphore
 	ps, err := decodeSemaphoreLock(lock.Value, 0)
@@ -159,8 +152,7 @@ func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, in 
 	}
 }
 
-// permit describes p, a contender key of a semaphore or read-write lock
-// (kind) whose lock key says ps; held: p is a holder's.
+// permit describes p, a contender key of a kind whose lock key says ps.
 func (in *inspector) permit(p *api.KVPair, ps permitState, kind holdfast.Kind, held bool) holdfast.Contender {
 	ct := in.contender(p)
 	switch v := string(p.Value); v {
@@ -186,11 +178,9 @@ func (in *inspector) permit(p *api.KVPair, ps permitState, kind holdfast.Kind, h
 	return ct
 }
 
-// inspectClaim fills st from a claim's keys (ClaimFlags, see Once) and
-// reports whether there were any: the record's period and token, and the
-// run that holds the mark, if any; the other keys under the name are
-// Other. A claim key of an older holdfast (held, JSON) is shown as the
-// holder, its value as is.
+// inspectClaim fills st from a claim's keys (ClaimFlags), if any: the
+// record's period and token, and the run that holds the mark (an older
+// holdfast's claim key too, its value as is).
 func inspectClaim(st *holdfast.State, pairs api.KVPairs, in *inspector) bool {
 	record, run := st.Name+"/.claim", st.Name+"/.run"
 	var found bool

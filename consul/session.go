@@ -19,42 +19,23 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
+// The session TTLs (MinTTL, the server's default session_ttl_min, to
+// MaxTTL) and lock-delays (0 to MaxLockDelay) Consul accepts.
 const (
-	// defaultTTL is the session TTL when WithTTL is not given.
-	defaultTTL = 15 * time.Second
-	// MinTTL is the shortest session TTL Consul accepts (the server's default
-	// session_ttl_min).
-	MinTTL = 10 * time.Second
-	// MaxTTL is the longest session TTL Consul accepts.
-	MaxTTL = 24 * time.Hour
-	// defaultLockDelay is Consul's own default lock-delay.
-	defaultLockDelay = 15 * time.Second
-	// MaxLockDelay is the longest lock-delay Consul applies.
+	MinTTL       = 10 * time.Second
+	MaxTTL       = 24 * time.Hour
 	MaxLockDelay = 60 * time.Second
-	// defaultSessionName is the session name when WithSessionName is not
-	// given.
-	defaultSessionName = "holdfast"
 )
 
 const (
-	// requestTimeout bounds every non-blocking HTTP request.
-	requestTimeout = 10 * time.Second
-	// blockWait is the wait time of blocking queries on lock and queue keys:
-	// a waiter re-reads at least this often.
-	blockWait = 5 * time.Second
-	// monitorWait is the wait time of the blocking query that watches the
-	// session itself.
-	monitorWait = 10 * time.Second
-	// closeTimeout bounds the requests Close makes.
-	closeTimeout = 10 * time.Second
-	// maxDelayCache bounds the cache of other sessions' lock-delays.
-	maxDelayCache = 1024
-	// maxCheckOps is the most keys one read of the held keys covers (see
-	// Session.checkKeys).
-	maxCheckOps = 64
-	// dialTimeout bounds the TCP connect and TLS handshake of a client
-	// made by Dial.
-	dialTimeout = 5 * time.Second
+	defaultTTL       = 15 * time.Second
+	defaultLockDelay = 15 * time.Second // Consul's
+	requestTimeout   = 10 * time.Second // every non-blocking request, and Close's
+	blockWait        = 5 * time.Second  // blocking queries on lock and queue keys
+	monitorWait      = 10 * time.Second // the blocking query on the session itself
+	maxDelayCache    = 1024             // other sessions' lock-delays cached
+	maxCheckOps      = 64               // keys per read of Session.checkKeys
+	dialTimeout      = 5 * time.Second  // TCP connect and TLS handshake of Dial's client
 )
 
 type sessionConfig struct {
@@ -73,54 +54,40 @@ type sessionConfig struct {
 // SessionOption configures NewSession.
 type SessionOption func(*sessionConfig)
 
-// WithTTL sets the session TTL (default 15 s). Consul accepts MinTTL
-// (10 s) to MaxTTL (24 h); anything else is an error wrapping
-// holdfast.ErrInvalidTTL, returned before any request. A holder that crashes
-// keeps its locks until Consul invalidates its session, which happens between
-// TTL and 2 x TTL after the last renewal reached the server.
+// WithTTL sets the session TTL (default 15 s; MinTTL to MaxTTL, else an
+// error wrapping holdfast.ErrInvalidTTL). A crashed holder keeps its locks
+// until Consul invalidates its session, TTL to 2 x TTL after its last renewal.
 func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
 
-// WithMargin sets the safety margin of the local deadline (default TTL/5;
-// from 0 to TTL/2, else an error wrapping holdfast.ErrInvalidTTL): every
-// grant's context is cancelled at (send time of the last acknowledged
-// renewal) + TTL - margin on this process's monotonic clock, before Consul
-// can invalidate the session, provided that this clock and the Consul
-// leader's run at rates that differ by less than margin/TTL (20% by
-// default; wall-clock steps do not matter), that the holder acts on the
-// cancellation within the rest of the margin, and that only the TTL
-// invalidates the session (see WithNodeChecks).
+// WithMargin sets the safety margin (default TTL/5; 0 to TTL/2, else an
+// error wrapping holdfast.ErrInvalidTTL): every grant's context is cancelled
+// at (send time of the last acknowledged renewal) + TTL - margin on this
+// process's monotonic clock, before Consul can invalidate the session,
+// provided that this clock and the Consul leader's run at rates that differ
+// by less than margin/TTL, and that only the TTL invalidates the session
+// (see WithNodeChecks).
 func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
 }
 
-// WithLockDelay sets the session's lock-delay (default 15 s, Consul's):
-// after Consul invalidates the session (TTL expiry, destroy, failed health
-// check), nobody can acquire the keys it held for that long; a normal
-// Unlock imposes none. It gives a paused holder that does not use its
-// grant's context or token more time to notice. 0 disables it (sent as
-// "0s": the Go API cannot express 0); negative or more than MaxLockDelay
-// (60 s) is an error wrapping holdfast.ErrInvalidArgument. holdfast waiters
-// acquire at the end of the delay, to the millisecond.
+// WithLockDelay sets the session's lock-delay (default 15 s, Consul's): for
+// that long after Consul invalidates the session, nobody can acquire the
+// keys it held (a normal Unlock imposes none). 0 disables it; negative or
+// over MaxLockDelay is an error wrapping holdfast.ErrInvalidArgument.
 func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig) { c.lockDelay = d } }
 
-// WithBehavior sets what Consul does to the keys the session holds when it
-// invalidates the session (its TTL expired, it was destroyed):
-// api.SessionBehaviorDelete (the default: they are deleted, so a holder or
-// waiter that was cut off or killed leaves nothing under the name) or
+// WithBehavior sets what Consul does to the session's keys when it
+// invalidates it: api.SessionBehaviorDelete (the default: deletes them) or
 // api.SessionBehaviorRelease (api.Lock's: they stay, unlocked, until the
-// next contender of the name reads and deletes them). Anything else is an
-// error wrapping holdfast.ErrInvalidArgument. The lock-delay applies
-// either way.
+// next contender deletes them); else an error wrapping
+// holdfast.ErrInvalidArgument.
 func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.behavior = b } }
 
-// WithNodeChecks ties the session to health checks of the agent's node (for
-// example "serfHealth", Consul's default for sessions created without
-// options). The default here is none: Consul then invalidates the session
-// only when its TTL runs out (or it is destroyed), which the safe local
-// deadline anticipates (see WithMargin). A node check favours liveness over
-// safety: a failed node's session is invalidated at once, with no notice to
-// a holder that may still run (a partitioned node); then rely on fencing
-// tokens (Grant.Token) or guarded writes (Grant.Txn), not on the context.
+// WithNodeChecks ties the session to health checks of the agent's node
+// (such as "serfHealth"; default none, so only the TTL, which the local
+// deadline anticipates, invalidates it). A failed check invalidates the
+// session at once, with no notice to a holder that may still run: then rely
+// on Grant.Token or Grant.Txn, not on the context.
 func WithNodeChecks(ids ...string) SessionOption {
 	ids = slices.Clone(ids)
 	return func(c *sessionConfig) { c.nodeChecks = ids }
@@ -155,7 +122,7 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 		ttl:       defaultTTL,
 		lockDelay: defaultLockDelay,
 		behavior:  api.SessionBehaviorDelete,
-		name:      defaultSessionName,
+		name:      "holdfast",
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -183,16 +150,12 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	return c, err
 }
 
-// Session is a Consul session renewed in the background; every lock taken
-// through it is acquired with it, so one session and one renewal serve any
-// number of locks. When it cannot be renewed before its safe local
-// deadline, Consul says it no longer exists, or it is closed, the context
-// of every grant is cancelled with the reason; it does not come back
-// (Close it and create another). A session destroyed in Consul is noticed
-// within milliseconds (a blocking query); a held key deleted or taken over
-// from outside within TTL/3 (one read per 64 held keys after each
-// renewal), or at once by a guarded write or Unlock that finds it gone. A
-// Session is safe for concurrent use.
+// Session is a Consul session renewed in the background, shared by every
+// lock taken through it. When it cannot be renewed before its safe local
+// deadline, Consul says it is gone (noticed within milliseconds), or it is
+// closed, every grant's context is cancelled with the reason; a held key
+// deleted or taken over from outside is noticed within TTL/3. It does not
+// come back. A Session is safe for concurrent use.
 type Session struct {
 	client *api.Client
 	owned  *http.Transport // the transport of a client made by Dial, else nil
@@ -202,9 +165,9 @@ type Session struct {
 	bg     *core.Background
 	names  core.Names
 
-	stop     context.CancelFunc // stops the background goroutines
-	tasks    sync.WaitGroup     // the background goroutines
-	checkNow chan struct{}      // asks the renewal goroutine to check the held keys now
+	stop     context.CancelFunc // stops renew and watch
+	tasks    sync.WaitGroup     // renew and watch
+	checkNow chan struct{}      // asks renew to check the held keys now
 
 	mu        sync.Mutex
 	closed    bool
@@ -217,15 +180,12 @@ type Session struct {
 	closeErr  error
 }
 
-// Dial creates a Consul API client for the agent at addr ("host:port", a
-// URL such as "https://host:8501", or "" for api.DefaultConfig's address)
-// and opens a session on it with NewSession. The client's token and TLS
-// come from the environment as with api.DefaultConfig, unless WithToken,
-// WithTLS or WithTLSFiles say otherwise; it belongs to the session (Close
-// closes its connections). Connecting times out after 5 s, the session's
-// creation after 10 s or ctx. ACL refusals are errors wrapping
-// holdfast.ErrPermissionDenied; no error contains the token or key
-// material; an unreachable agent is reported at once.
+// Dial opens a session (as NewSession) on a client of its own for the
+// agent at addr ("host:port", "https://host:8501", or "" for
+// api.DefaultConfig's), whose token and TLS come from the environment
+// unless WithToken, WithTLS or WithTLSFiles say otherwise. Connecting times
+// out after 5 s, the creation after 10 s or ctx; no error contains the
+// token or key material.
 func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -257,16 +217,11 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 	return s, nil
 }
 
-// NewSession creates a Consul session through client and renews it until
-// Close, or until it is lost. ctx bounds only the creation, which is sent
-// again while Consul answers that it did not apply it (no leader yet, or
-// the agent's node not registered yet, as for a moment after the agent
-// starts). Options are
-// checked before any request; a nil client is an error wrapping
-// holdfast.ErrInvalidArgument, and so are the options for Dial only
-// (WithToken, WithTLS, WithTLSFiles: configure the client instead); an ACL
-// refusal is one wrapping holdfast.ErrPermissionDenied. The client stays the caller's: Close does not
-// close it.
+// NewSession creates a Consul session through client (which stays the
+// caller's) and renews it until Close, or until it is lost. ctx bounds only
+// the creation. Bad options, a nil client and the Dial-only options are
+// errors wrapping holdfast.ErrInvalidArgument, before any request; an ACL
+// refusal wraps holdfast.ErrPermissionDenied.
 func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Consul client", holdfast.ErrInvalidArgument)
@@ -325,10 +280,9 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 	return s, nil
 }
 
-// createSession creates a session with the fields of body, every one
-// explicit (the Go API omits a zero LockDelay, and the server then applies
-// 15 s), sending it again while Consul refuses it without applying it (see
-// refused), within requestTimeout. sent is when the last attempt was sent.
+// createSession creates a session with body's fields, all explicit (the
+// Go API omits a zero LockDelay), sent again while Consul refuses it
+// unapplied, within requestTimeout. sent is when the last attempt was sent.
 func createSession(ctx context.Context, client *api.Client, body map[string]any) (id string, sent time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -349,13 +303,10 @@ func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1)
 
 func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }
 
-// renew renews the session every TTL/3, and retries a failed renewal with
-// the backends' one backoff (core.Backoff) until the keeper's deadline ends
-// the session; each attempt times out at that deadline, or after
-// requestTimeout. Each acknowledged renewal moves the deadline to its send
-// time + TTL - margin, and is followed by a check of the held keys (see
-// checkKeys), which also runs when asked through checkNow. An answer that
-// the session does not exist ends it at once.
+// renew renews the session every TTL/3, retrying with core.Backoff until
+// the keeper's deadline; each acknowledged renewal moves that deadline and
+// is followed by checkKeys (which checkNow also asks for). An answer that
+// the session does not exist ends it.
 func (s *Session) renew(ctx context.Context) {
 	defer s.tasks.Done()
 	period := s.cfg.ttl / 3
@@ -376,20 +327,7 @@ func (s *Session) renew(ctx context.Context) {
 		rctx, cancel := s.bind(ctx)
 		err := core.Backoff{Final: func(err error) bool { return errors.Is(err, errSessionGone) }}.Retry(rctx, func(ctx context.Context) error {
 			sent = time.Now()
-			deadline := s.keeper.Deadline()
-			if d := sent.Add(requestTimeout); d.Before(deadline) {
-				deadline = d
-			}
-			ctx, cancel := context.WithDeadline(ctx, deadline)
-			ttl, err := s.renewOnce(ctx)
-			cancel()
-			switch {
-			case err == nil:
-				s.keeper.Renewed(sent, ttl, s.cfg.margin)
-			case !errors.Is(err, errSessionGone):
-				s.keeper.RenewalFailed(fmt.Errorf("holdfast/consul: renew session %s: %w", s.id, err))
-			}
-			return err
+			return s.renewOnce(ctx, sent)
 		})
 		cancel()
 		switch {
@@ -405,28 +343,37 @@ func (s *Session) renew(ctx context.Context) {
 	}
 }
 
-// renewOnce sends one renewal and returns the TTL Consul counts down: what it
-// answered, but never more than what was asked.
-func (s *Session) renewOnce(ctx context.Context) (time.Duration, error) {
+// renewOnce sends one renewal at sent, bounded by the keeper's deadline
+// and requestTimeout, and tells the keeper the outcome, with the TTL Consul
+// answered (never more than asked).
+func (s *Session) renewOnce(ctx context.Context, sent time.Time) error {
+	deadline := s.keeper.Deadline()
+	if d := sent.Add(requestTimeout); d.Before(deadline) {
+		deadline = d
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	var entries []*api.SessionEntry
 	_, err := s.client.Raw().Write("/v1/session/renew/"+s.id, nil, &entries, writeOpts(ctx))
 	switch {
 	case statusCode(err) == http.StatusNotFound:
-		return 0, errSessionGone
-	case err != nil:
-		return 0, err
-	case len(entries) == 0:
-		return 0, errors.New("empty renewal answer")
+		return errSessionGone
+	case err == nil && len(entries) == 0:
+		err = errors.New("empty renewal answer")
+	}
+	if err != nil {
+		s.keeper.RenewalFailed(fmt.Errorf("holdfast/consul: renew session %s: %w", s.id, err))
+		return err
 	}
 	ttl := s.cfg.ttl
 	if d, err := time.ParseDuration(entries[0].TTL); err == nil && d > 0 && d < ttl {
 		ttl = d
 	}
-	return ttl, nil
+	s.keeper.Renewed(sent, ttl, s.cfg.margin)
+	return nil
 }
 
-// checkSoon asks for a check of the held keys now (after a guarded write or
-// an Unlock found a key of ours gone), without waiting for it.
+// checkSoon asks renew for a check of the held keys now.
 func (s *Session) checkSoon() {
 	select {
 	case s.checkNow <- struct{}{}:
@@ -434,11 +381,9 @@ func (s *Session) checkSoon() {
 	}
 }
 
-// checkKeys reads every lock key the session holds a grant on, 64 to a
-// read-only transaction, and ends the grants whose key our session no longer
-// holds (deleted, or taken over by another session, from outside) with a
-// cause wrapping holdfast.ErrLost. Errors are ignored: the next check, or
-// the keeper's deadline, covers them. It takes at most limit.
+// checkKeys reads the keys of the held grants, 64 to a transaction, within
+// limit, and ends those our session no longer holds (deleted or taken over
+// from outside). Errors are left to the next check or the deadline.
 func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 	if !keyCheck() {
 		return
@@ -469,11 +414,8 @@ func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 }
 
 // watch follows the session with a blocking query, so that a session
-// destroyed or invalidated in Consul ends at once here, rather than at the
-// next renewal. Errors never end the session (the keeper's deadline does
-// that): transient ones are retried (core.Backoff), and a refusal (an ACL
-// without session:read, say) stops the watch, leaving the renewals alone in
-// charge.
+// destroyed or invalidated in Consul ends at once. Errors are retried; a
+// refusal (an ACL without session:read) leaves the renewals alone in charge.
 func (s *Session) watch(ctx context.Context) {
 	defer s.tasks.Done()
 	if !sessionWatch() {
@@ -525,23 +467,18 @@ func (s *Session) Client() *api.Client { return s.client }
 // TTL returns the session TTL.
 func (s *Session) TTL() time.Duration { return s.cfg.ttl }
 
-// Context is cancelled when the session ends; context.Cause tells why (an
-// error wrapping holdfast.ErrSessionLost, or holdfast.ErrSessionClosed after
-// Close). Every grant's context is a child of it.
+// Context is cancelled when the session ends, every grant's with it;
+// context.Cause wraps holdfast.ErrSessionLost or ErrSessionClosed.
 func (s *Session) Context() context.Context { return s.keeper.Context() }
 
 // Err returns nil while the session is alive, and why it ended after.
 func (s *Session) Err() error { return s.keeper.Err() }
 
-// Close stops the renewals, cancels every grant of the session (cause
-// wrapping holdfast.ErrLost and holdfast.ErrSessionClosed), stops the
-// acquisitions in progress and the background cleanups, releases the locks
-// the session still holds in Consul and removes what failed acquisitions
-// left (so that no lock-delay applies to those keys), destroys the session,
-// and closes the client's connections if Dial made it. It is idempotent;
-// later use of the session fails with holdfast.ErrSessionClosed. Its
-// requests are bounded by 10 s; if one fails, Consul still invalidates the
-// session on its own within 2 x TTL.
+// Close ends every grant (cause wrapping holdfast.ErrLost and
+// ErrSessionClosed) and acquisition, releases the keys the session holds
+// (so no lock-delay applies), destroys the session, and closes Dial's
+// client. It is idempotent, bounded by 10 s; if it fails, Consul still
+// invalidates the session within 2 x TTL.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.close() })
 	return s.closeErr
@@ -556,12 +493,10 @@ func (s *Session) close() error {
 	s.ops.Wait()
 	s.bg.Wait()
 	s.tasks.Wait()
-
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	s.mu.Lock()
-	held := slices.Collect(maps.Values(s.held))
-	left := slices.Collect(maps.Values(s.abandoned))
+	held, left := slices.Collect(maps.Values(s.held)), slices.Collect(maps.Values(s.abandoned))
 	s.mu.Unlock()
 	var errs []error
 	for _, g := range held {
@@ -570,12 +505,9 @@ func (s *Session) close() error {
 		}
 	}
 	for _, l := range left {
-		if err := s.clean(ctx, l); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, s.clean(ctx, l))
 	}
-	// Destroying is idempotent: an attempt that fails (refused, or its
-	// answer lost) is sent again until closeTimeout.
+	// Destroy, sent again until it is answered (it is idempotent).
 	var derr error
 	_ = core.Backoff{Attempt: core.AttemptTimeout, Final: queryRefused}.Retry(ctx, func(actx context.Context) error {
 		_, derr = s.client.Session().Destroy(s.id, writeOpts(actx))
@@ -584,10 +516,8 @@ func (s *Session) close() error {
 	if derr != nil {
 		errs = append(errs, apiError("destroy session "+s.id, derr))
 	} else {
-		// A request of a failed acquisition may have landed between the
-		// cleanup above and the destroy (one that lands later fails: the
-		// session is gone): what it made stays, freed, with Behavior
-		// release. Remove it once more (best effort).
+		// A request of a failed acquisition may have landed after its
+		// cleanup and before the destroy, leaving a freed key: once more.
 		for _, l := range left {
 			_ = s.clean(ctx, l)
 		}
@@ -602,10 +532,7 @@ func (s *Session) close() error {
 func (s *Session) begin() (end func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("%w: consul session %s", holdfast.ErrSessionClosed, s.id)
-	}
-	if err := s.keeper.Err(); err != nil {
+	if err := s.aliveLocked(); err != nil {
 		return nil, err
 	}
 	s.ops.Add(1)
@@ -615,9 +542,12 @@ func (s *Session) begin() (end func(), err error) {
 // alive returns nil if the session can still be used.
 func (s *Session) alive() error {
 	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	defer s.mu.Unlock()
+	return s.aliveLocked()
+}
+
+func (s *Session) aliveLocked() error {
+	if s.closed {
 		return fmt.Errorf("%w: consul session %s", holdfast.ErrSessionClosed, s.id)
 	}
 	return s.keeper.Err()
@@ -634,14 +564,13 @@ func (s *Session) bind(ctx context.Context) (context.Context, context.CancelFunc
 	}
 }
 
-// hold records that g holds its lock key in Consul.
+// hold and forget record that g holds its lock key in Consul, and no longer.
 func (s *Session) hold(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held[g.Key()] = g
 }
 
-// forget records that g no longer holds its lock key.
 func (s *Session) forget(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -650,8 +579,8 @@ func (s *Session) forget(g *Grant) {
 	}
 }
 
-// ended ends the session after Consul said, in answer to a request, that it
-// does not exist, and returns the session's cause.
+// ended ends the session after Consul answered that it does not exist, and
+// returns its cause.
 func (s *Session) ended() error {
 	s.keeper.End(sessionLost(s.id, "no longer exists"))
 	return s.keeper.Err()

@@ -27,18 +27,12 @@ type dialConfig struct {
 
 func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 
-// WithToken makes Dial's client send token as its ACL token (the
-// X-Consul-Token header), instead of $CONSUL_HTTP_TOKEN or
-// $CONSUL_HTTP_TOKEN_FILE. With ACLs enabled, the token's policies must grant
-// session write (on the agent's node) and key write on the locks' prefixes,
-// else NewSession, Lock and TryLock fail with errors wrapping
-// holdfast.ErrPermissionDenied, having written nothing; so does an unknown
-// token. An empty token is an error wrapping holdfast.ErrInvalidArgument.
-// The token is never part of an error and formats as "[redacted]".
-//
-// It applies to Dial only: NewSession, whose client the caller configured
-// (api.Config.Token), refuses it with an error wrapping
-// holdfast.ErrInvalidArgument.
+// WithToken makes Dial's client send token as its ACL token, instead of
+// $CONSUL_HTTP_TOKEN(_FILE). It needs session write and key write on the
+// locks' prefixes, else requests fail with errors wrapping
+// holdfast.ErrPermissionDenied, having written nothing. An empty token is an
+// error wrapping holdfast.ErrInvalidArgument. Dial only: NewSession refuses
+// it (configure your client).
 func WithToken(token string) SessionOption {
 	return func(c *sessionConfig) {
 		c.dial.add("WithToken")
@@ -46,16 +40,10 @@ func WithToken(token string) SessionOption {
 	}
 }
 
-// WithTLS makes Dial's client talk HTTPS with a copy of cfg, instead of
-// the TLS settings of the environment ($CONSUL_CACERT, $CONSUL_CLIENT_CERT,
-// $CONSUL_CLIENT_KEY...): its RootCAs (nil means the system's roots)
-// authenticate the agent, and its Certificates, if any, are presented to an
-// agent that verifies incoming connections. The address may then be
-// "host:port" or "https://host:port"; an "http://" address is refused with
-// an error wrapping holdfast.ErrInvalidArgument. An agent whose certificate
-// the CA does not vouch for makes Dial fail at once, saying so.
-//
-// Dial only, as WithToken. WithTLS and WithTLSFiles exclude each other.
+// WithTLS makes Dial's client talk HTTPS with a copy of cfg (RootCAs nil:
+// the system's roots) instead of the environment's TLS settings; an
+// "http://" address is then refused with holdfast.ErrInvalidArgument. Dial
+// only, as WithToken; WithTLS and WithTLSFiles exclude each other.
 func WithTLS(cfg *tls.Config) SessionOption {
 	return func(c *sessionConfig) {
 		c.dial.add("WithTLS")
@@ -66,13 +54,10 @@ func WithTLS(cfg *tls.Config) SessionOption {
 	}
 }
 
-// WithTLSFiles is WithTLS with a configuration read from PEM files, as
-// consul's -ca-file, -client-cert and -client-key: caFile holds the CA
-// certificate(s) that authenticate the agent ("" for the system's roots),
-// certFile and keyFile a client certificate and its private key (both or
-// neither). The files are read by Dial; one that is missing or malformed is
-// an error wrapping holdfast.ErrInvalidArgument that names the file and
-// never quotes its contents. Dial only, as WithToken.
+// WithTLSFiles is WithTLS with a configuration read by Dial from PEM files,
+// as consul's -ca-file ("" for the system's roots), -client-cert and
+// -client-key (both or neither); one missing or malformed is an error
+// wrapping holdfast.ErrInvalidArgument. Dial only, as WithToken.
 func WithTLSFiles(caFile, certFile, keyFile string) SessionOption {
 	return func(c *sessionConfig) {
 		c.dial.add("WithTLSFiles")
@@ -100,8 +85,8 @@ func (d *dialConfig) dialOnly() error {
 		holdfast.ErrInvalidArgument, strings.Join(d.given, ", "))
 }
 
-// apply sets the token and TLS the options ask for on cfg (made by
-// api.DefaultConfig, from the environment) and on tr, its transport.
+// apply sets the token and TLS the options ask for on cfg (from the
+// environment) and on tr, its transport.
 func (d *dialConfig) apply(cfg *api.Config, tr *http.Transport) error {
 	if d.tokenSet {
 		cfg.Token, cfg.TokenFile = d.token.Reveal(), ""
@@ -127,12 +112,9 @@ func (d *dialConfig) apply(cfg *api.Config, tr *http.Transport) error {
 	return nil
 }
 
-// explainTLS adds to err, the failure of Dial's first request, what one TLS
-// handshake with the agent at addr answers, when the request failed below
-// HTTP over HTTPS without saying why: depending on timing, net/http reports
-// a client certificate the agent refused as a broken pipe or a connection
-// that "could not be established", while the handshake says "certificate
-// required".
+// explainTLS adds to err, the failure of Dial's first request over HTTPS
+// below HTTP, what one TLS handshake with addr answers (net/http may report
+// a refused client certificate as a broken pipe).
 func explainTLS(err error, scheme, addr string, cfg *tls.Config) error {
 	switch {
 	case scheme != "https", statusCode(err) != 0,

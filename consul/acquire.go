@@ -9,24 +9,21 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// joiner is the store half of one acquisition: a waiting algorithm, with
-// TryLock's one-shot variant, what a failed one left, and its grant.
+// joiner is the store half of one acquisition.
 type joiner interface {
-	// join runs the algorithm (TryLock's if try) and returns the token.
+	// join runs the waiting algorithm (TryLock's if try): the token.
 	join(ctx context.Context, try bool) (uint64, error)
-	// cleanup returns the cleanup of what a failed join may have left in
-	// Consul; ok false: nothing; uncertain: a write got no answer and may
-	// land after the cleanup (see Session.sweepLater).
+	// cleanup is what a failed join may have left (ok false: nothing;
+	// uncertain: a write got no answer, see Session.sweepLater).
 	cleanup() (l leftover, ok, uncertain bool)
-	// grant turns the token into a Grant that frees the name slot (free)
-	// once it has ended.
+	// grant turns the token into a Grant that calls free once ended.
 	grant(token uint64, free func()) (*Grant, error)
 }
 
-// acquire is the driver of every acquisition on Consul (Mutex, Election,
-// Semaphore, RWMutex): it runs j in the session's slot of name and turns its
-// answer into a Grant or an error. A nil reentry means the primitive is not reentrant. The steps
-// are in docs/DESIGN.md ("Consul acquisition driver").
+// acquire is the driver of every acquisition on Consul: it runs j in the
+// session's slot of name and turns its answer into a Grant or an error (a
+// nil reentry: not reentrant). Steps: docs/DESIGN.md ("Consul acquisition
+// driver").
 func acquire(ctx context.Context, s *Session, name string, try bool, reentry *core.Reentry[*Grant], j joiner) (*Grant, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -71,19 +68,19 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 	return g, nil
 }
 
-// The Mutex's and the Election's acquisition (queue.go: join) is a joiner.
+// The Mutex's and the Election's acquisition is a joiner: something of
+// it may be left once it queued or a write got no answer.
 
 func (a *acquisition) cleanup() (leftover, bool, bool) {
-	return leftover{name: a.m.name, m: a.m}, a.left, a.uncertain
+	return leftover{name: a.m.name, m: a.m}, a.queueIndex != 0 || a.uncertain, a.uncertain
 }
 
 func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
 	return a.m.grant(token, a, free)
 }
 
-// slot takes the session's slot of name (TryLock: only if it is free, else
-// an error wrapping holdfast.ErrLocked) and returns the function that
-// frees it.
+// slot takes the session's slot of name (try: only if free, else an error
+// wrapping holdfast.ErrLocked) and returns what frees it.
 func (s *Session) slot(ctx context.Context, name string, try bool) (func(), error) {
 	if !try {
 		return s.names.Acquire(ctx, name)
@@ -94,9 +91,9 @@ func (s *Session) slot(ctx context.Context, name string, try bool) (func(), erro
 	return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, name)
 }
 
-// settle removes what a failed join of j left, in the session's background,
-// then frees the slot; it waits for that up to cleanupGrace after ctx
-// ended (Consul usually answers within a millisecond).
+// settle removes what a failed join of j left, in the session's
+// background, then frees the slot; it waits for that up to cleanupGrace
+// after ctx ended.
 func (s *Session) settle(ctx context.Context, j joiner, free func()) {
 	l, ok, uncertain := j.cleanup()
 	if !ok {
@@ -119,15 +116,13 @@ func (s *Session) settle(ctx context.Context, j joiner, free func()) {
 	}
 }
 
-// sweepDelays are when, after a failed acquisition whose write had an
-// unknown outcome, the session looks again for what it left (see
-// Session.sweepLater).
+// sweepDelays are when the session looks again for what a failed
+// acquisition with an unanswered write left (see Session.sweepLater).
 var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
 
-// failed is the error of a failed acquisition: the session's cause if the
-// session ended, else the caller's context error if it ended the call (ctx
-// is the caller's, wctx the one the acquisition ran under, which ends with
-// ctx or the session), else err (etcd's order).
+// failed is the error of a failed acquisition (etcd's order): the
+// session's end, else the caller's ctx's (ctx; wctx is the one the
+// acquisition ran under), else err.
 func failed(ctx, wctx context.Context, s *Session, name string, err error) error {
 	if wctx.Err() == nil {
 		return err

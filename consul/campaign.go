@@ -7,26 +7,42 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// A campaign (an acquisition with campaign set) waits in the Mutex's queue
-// and differs in three places: the head creates the key anew with value
-// (takeOps), a handoff from a Mutex holder is retaken with value (handed),
-// and the grant resigns instead of handing over (hold); docs/DESIGN.md,
-// "Elections", steps 3-5.
+// A campaign (an acquisition with a value) waits in the Mutex's queue and
+// differs in three places: the take creates the key anew with the value
+// (takeOps), a handoff from a Mutex holder is retaken (handed), and its
+// release resigns instead of handing over (acquisition.handOver);
+// docs/DESIGN.md, "Elections", steps 3-5.
 
-// retake takes a lock key handed to us by a Mutex holder (whose value is
-// the Mutex's): in one transaction, guarded by our session holding the key,
-// it deletes the key and acquires it anew with value. The term is that
-// write's index.
-func (a *acquisition) retake(ctx context.Context) (uint64, error) {
-	m := a.m
-	ops := api.TxnOps{
-		checkSession(m.lockKey(), m.s.id),
-		kvOp(api.KVDelete, m.lockKey()),
-		lockOp(m.lockKey(), m.s.id, a.value),
+// takeOps returns the operations that take the lock key as seen (nil if
+// absent): a guard that it is still so, and the acquire with our value. A
+// campaign deletes a free key as seen and creates it anew.
+func (a *acquisition) takeOps(seen *api.KVPair) api.TxnOps {
+	key, value := a.m.lockKey(), []byte(valueTaken)
+	guard := kvOp(api.KVCheckNotExists, key)
+	switch {
+	case a.campaign() && seen != nil:
+		guard = deleteCAS(key, seen.ModifyIndex)
+	case seen != nil:
+		guard = checkIndex(key, seen.ModifyIndex)
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := a.send(rctx, ops)
+	if a.campaign() {
+		value = a.value
+	}
+	return api.TxnOps{guard, lockOp(key, a.m.s.id, value)}
+}
+
+// handed accepts the lock key handed to us with token (step 5) and returns
+// the grant's token: a campaign retakes it.
+func (a *acquisition) handed(ctx context.Context, token uint64) (uint64, error) {
+	if !a.campaign() {
+		return token, nil
+	}
+	m := a.m
+	// One transaction guarded by our session holding the key deletes it and
+	// acquires it anew with our value; the term is that write's index.
+	resp, err := a.send(ctx, api.TxnOps{
+		checkSession(m.lockKey(), m.s.id), kvOp(api.KVDelete, m.lockKey()), lockOp(m.lockKey(), m.s.id, a.value),
+	})
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -34,10 +50,10 @@ func (a *acquisition) retake(ctx context.Context) (uint64, error) {
 	case err != nil:
 		return 0, err
 	}
-	var term uint64 // the lock operation's entry: the last one (the check-session's comes first)
-	for _, r := range resp.Results {
-		if r.KV != nil && r.KV.Key == m.lockKey() && r.KV.Session == m.s.id {
-			term = r.KV.ModifyIndex
+	var term uint64 // the lock operation's entry: the last one
+	for _, e := range txnKVs(resp.Results) {
+		if e.Key == m.lockKey() && e.Session == m.s.id {
+			term = e.ModifyIndex
 		}
 	}
 	if term == 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/leader"
 )
 
@@ -448,5 +449,31 @@ func TestObserveEndsWithSession(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("Observe's channel not closed with the session")
+	}
+}
+
+// TestObserveRefusedEnds: a blocking query Consul refuses (HTTP 403: the
+// token may not read the key) ends Observe, as it ends a Lock's wait
+// (Session.block): the channel closes at once. Before, Observe retried the
+// refusal until ctx ended, delivering nothing.
+func TestObserveRefusedEnds(t *testing.T) {
+	a := embedtest.Consul(t, embedtest.WithACL())
+	admin := a.Client(t)
+	tok := policyToken(t, admin, "other-only", `session_prefix "" { policy = "write" } key_prefix "other/" { policy = "write" }`)
+	s, err := Dial(timeout(t, 10*time.Second), a.HTTPAddr, WithToken(tok), WithLockDelay(0))
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	defer s.Close()
+	octx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs := newElection(t, s, "jobs/leader").Observe(octx)
+	select {
+	case l, ok := <-obs:
+		if ok {
+			t.Fatalf("Observe delivered %+v from a refused query", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Observe still open 5 s after Consul refused its query")
 	}
 }

@@ -488,7 +488,7 @@ func TestHandoffSkipsWaiterThatLeft(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if h := r.g.rel.(*lockHold); h.next == nil || h.next.session != s1.ID() {
+	if h := r.g.rel.(*acquisition); h.next == nil || h.next.session != s1.ID() {
 		t.Fatalf("x's next waiter %+v, want w1's session: the test proves nothing", h.next)
 	}
 	w1cancel()

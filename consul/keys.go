@@ -2,7 +2,6 @@ package consul
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,19 +10,18 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// valueTaken is the lock key's value while a holdfast Mutex holds it.
-// Foreign holders (api.Lock, `consul lock`) write other values.
-const valueTaken = "holdfast"
-
-// The keys under a queue entry E (docs/DESIGN.md, "Consul acquire"):
-// E/next/<W>, the link of the waiter W right behind E (acquired with W's
-// session, value W's CreateIndex); E/prev/<P>, E's anchor on its
-// predecessor P (acquired with P's session: it goes when P leaves or its
-// session ends, which wakes E); E/held, written by the handoff to E.
+// The queue's keys (docs/DESIGN.md, "Consul acquire"): the lock key's value
+// while a holdfast Mutex holds it; under a queue entry E, E/next/<W> (the
+// link of the waiter W right behind E, acquired with W's session, value W's
+// CreateIndex), E/prev/<P> (E's anchor on its predecessor P, acquired with
+// P's session) and E/held (written by the handoff to E); the tail key,
+// naming the entry created last.
 const (
+	valueTaken = "holdfast"
 	nextInfix  = "/next/"
 	prevInfix  = "/prev/"
 	heldSuffix = "/held"
+	tailSuffix = "/.tail"
 )
 
 // waiter is a queue entry the lock can be handed to.
@@ -37,46 +35,30 @@ func (m *Mutex) entry(session string, index uint64) waiter {
 	return waiter{key: m.queuePrefix() + session, session: session, index: index}
 }
 
-// tokenOf returns the fencing token of the grant that holds lock, a
-// Mutex's or an Election's lock key as read from Consul: the ModifyIndex of
-// the write that acquired it (a later write by the holder, such as a poke,
-// moves it). For a key held by api.Lock or `consul lock`, it is the key's
-// ModifyIndex too.
+// tokenOf returns the fencing token of the grant that holds lock: the
+// ModifyIndex of the write that acquired it (api.Lock's holders too).
 func tokenOf(lock *api.KVPair) uint64 { return lock.ModifyIndex }
 
-// parseEntry parses "<session> <index>" as the queue entry of that session
-// under m, with that CreateIndex.
-func (m *Mutex) parseEntry(s string) (waiter, bool) {
-	session, idx, ok := strings.Cut(s, " ")
+// tailEntry returns the entry that the tail key names: "<session>" (its
+// CreateIndex is then the tail's ModifyIndex) or "<session> <index>"; ok
+// false if absent or unreadable.
+func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
+	if tail == nil || tail.ModifyIndex == 0 {
+		return waiter{}, false
+	}
+	session, idx, ok := strings.Cut(string(tail.Value), " ")
 	index, err := strconv.ParseUint(idx, 10, 64)
-	if !ok || err != nil || session == "" || index == 0 || strings.Contains(session, "/") {
+	if !ok {
+		index, err = tail.ModifyIndex, nil
+	}
+	if err != nil || session == "" || index == 0 || strings.Contains(session, "/") {
 		return waiter{}, false
 	}
 	return m.entry(session, index), true
 }
 
-// tailSuffix makes the tail key "<name>/.tail": it names the entry created
-// last, "<session>" (its CreateIndex is the tail's ModifyIndex) or
-// "<session> <index>", and is acquired with that entry's session (plain
-// during a lock-delay: see relockTail); absent while nobody queues
-// (docs/DESIGN.md, "Consul acquire").
-const tailSuffix = "/.tail"
-
-// tailEntry returns the entry that the tail key names (ok false if absent
-// or unreadable).
-func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
-	if tail == nil || tail.ModifyIndex == 0 {
-		return waiter{}, false
-	}
-	if w, ok := m.parseEntry(string(tail.Value)); ok {
-		return w, true
-	}
-	return m.parseEntry(fmt.Sprintf("%s %d", tail.Value, tail.ModifyIndex))
-}
-
-// entryValue is the value of our queue entry: our session's lock-delay in
-// milliseconds, so that the waiter behind us knows it (it may hold the lock
-// before that waiter, and if its session ends then, the delay applies).
+// entryValue is our queue entry's value: our session's lock-delay in ms,
+// which applies if we hold the lock before the waiter behind us and die.
 func (m *Mutex) entryValue() []byte {
 	return strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
 }
@@ -84,31 +66,35 @@ func (m *Mutex) entryValue() []byte {
 // entryDelay returns the lock-delay that entry e's value states.
 func entryDelay(e *api.KVPair) (time.Duration, bool) {
 	ms, err := strconv.ParseInt(string(e.Value), 10, 64)
-	if err != nil || ms < 0 {
-		return 0, false
+	return time.Duration(ms) * time.Millisecond, err == nil && ms >= 0
+}
+
+// txnKVs returns the keys of a transaction's results.
+func txnKVs(results []*api.TxnResult) api.KVPairs {
+	pairs := make(api.KVPairs, 0, len(results))
+	for _, r := range results {
+		if r.KV != nil {
+			pairs = append(pairs, r.KV)
+		}
 	}
-	return time.Duration(ms) * time.Millisecond, true
+	return pairs
 }
 
 // view is what we know of a lock: the keys under "<name>/".
 type view struct {
-	lock  *api.KVPair   // nil if absent
-	queue []*api.KVPair // live queue entries, by CreateIndex
-	dead  []*api.KVPair // queue entries whose session is gone
-	me    *api.KVPair   // our live queue entry, if any
-	tail  *api.KVPair   // the tail key, if present
-	other string        // a key of a longer name, if any
-	// Under our entry: the live link behind it (the latest), our anchor
-	// (the latest), the held mark.
-	next   *waiter
-	anchor *api.KVPair
-	held   *api.KVPair
-	// holders are the sessions whose entry has a held mark: the holder,
-	// or one that lost its grant and has not left yet.
+	lock, tail  *api.KVPair   // nil if absent
+	queue, dead []*api.KVPair // live entries by CreateIndex; keys whose session is gone
+	me          *api.KVPair   // our live entry
+	other       string        // a live key of a longer name, if any
+	// Under our entry: the latest live link behind it, our latest anchor,
+	// the held mark.
+	next         *waiter
+	anchor, held *api.KVPair
+	// holders are the sessions whose entry has a held mark.
 	holders map[string]bool
 }
 
-// waiting returns the number of live entries that wait (no held mark).
+// waiting returns the number of live entries without a held mark.
 func (v view) waiting() int {
 	n := 0
 	for _, e := range v.queue {
@@ -119,16 +105,15 @@ func (v view) waiting() int {
 	return n
 }
 
-// parse builds a view from the results of a transaction that read the
-// subtree "<name>/" or part of it (other results about those keys are
-// merged in; the last answer about the lock key is the latest).
-func (m *Mutex) parse(results []*api.TxnResult) view {
+// parse builds a view from keys read under "<name>/" (a repeated key: the
+// first answer counts, but the lock key's last).
+func (m *Mutex) parse(pairs api.KVPairs) view {
 	var v view
-	seen := make(map[string]bool, len(results))
+	seen := make(map[string]bool, len(pairs))
 	var children []*api.KVPair // other entries' links and marks
-	for _, r := range results {
-		switch e := r.KV; {
-		case e == nil || e.ModifyIndex == 0:
+	for _, e := range pairs {
+		switch {
+		case e.ModifyIndex == 0:
 		case e.Key == m.lockKey():
 			v.lock = e
 		case e.Key == m.tailKey():
@@ -141,9 +126,7 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 		}
 	}
 	slices.SortFunc(v.queue, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
-	for _, e := range children {
-		// Under an entry that is gone (deleted with its session, Behavior
-		// delete): dead too.
+	for _, e := range children { // under a gone entry: dead too
 		if entry, _, _ := strings.Cut(strings.TrimPrefix(e.Key, m.queuePrefix()), "/"); !seen[m.queuePrefix()+entry] {
 			v.dead = append(v.dead, e)
 		}
@@ -151,14 +134,14 @@ func (m *Mutex) parse(results []*api.TxnResult) view {
 	return v
 }
 
-// add notes e, a key under "<name>/" other than the lock and tail keys. It
-// reports whether e lies under another session's entry (a link or a mark).
+// add notes e, a key under "<name>/" other than the lock and tail keys, and
+// reports whether it lies under another session's entry.
 func (v *view) add(m *Mutex, e *api.KVPair) bool {
 	id, isQueue := strings.CutPrefix(e.Key, m.queuePrefix())
 	session, sub, under := strings.Cut(id, "/")
 	switch {
 	case !isQueue || id == "":
-		if strings.HasPrefix(e.Key, m.prefix()) && e.Session != "" {
+		if e.Session != "" {
 			v.other = e.Key // a live lock of a longer name, or a foreign one
 		}
 	case under && session == m.s.id:
@@ -184,11 +167,10 @@ func (v *view) add(m *Mutex, e *api.KVPair) bool {
 
 // child notes e, the key sub under our entry.
 func (v *view) child(m *Mutex, sub string, e *api.KVPair) {
-	switch {
+	switch w, isNext := strings.CutPrefix(sub, nextInfix[1:]); {
 	case sub == heldSuffix[1:]:
 		v.held = e
-	case strings.HasPrefix(sub, nextInfix[1:]):
-		w := strings.TrimPrefix(sub, nextInfix[1:])
+	case isNext:
 		index, err := strconv.ParseUint(string(e.Value), 10, 64)
 		if err == nil && w != "" && e.Session == w && (v.next == nil || index > v.next.index) {
 			n := m.entry(w, index)

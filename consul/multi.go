@@ -11,22 +11,19 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// MultiMutex locks a set of names as one grant. Each name is an ordinary
-// Mutex (same keys, same FIFO queue per name, so it excludes Mutex, api.Lock
-// and consul lock users of that name); the names are
-// always taken in one canonical order (sorted, duplicates removed), so
-// multi-name locks never deadlock one another, whatever order their callers
-// pass the names in.
+// MultiMutex locks a set of names as one grant: each name is an ordinary
+// Mutex (its keys and FIFO queue), and the names are taken in one canonical
+// order (sorted, without duplicates), so multi-name locks never deadlock
+// one another.
 type MultiMutex struct {
 	s     *Session
 	names []string
 	ms    []*Mutex
 }
 
-// NewMultiMutex returns the lock of names, taken through session s. Each
-// name follows holdfast.ValidateName; duplicates are ignored; a name under
-// another of the set ("a" and "a/b") is an error wrapping
-// holdfast.ErrInvalidArgument.
+// NewMultiMutex returns the lock of names (each holdfast.ValidateName),
+// taken through session s; a name under another of the set ("a" and "a/b")
+// is an error wrapping holdfast.ErrInvalidArgument.
 func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
@@ -46,17 +43,14 @@ func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
 	return m, nil
 }
 
-// Lock takes every name, one after the other in canonical order, each
-// waiting in its name's FIFO queue (holding the names before it). It
-// returns when all are held, or with an error when ctx or the session ends
-// or a part fails; then the names already held are released and the
-// waiting key removed (in the session's background if ctx has ended),
-// leaving nothing held or queued.
+// Lock takes every name in canonical order, each waiting in its FIFO
+// queue. If ctx or the session ends or a part fails, the names already
+// held are released and nothing is left held or queued.
 func (m *MultiMutex) Lock(ctx context.Context) (*MultiGrant, error) { return m.lock(ctx, false) }
 
-// TryLock takes every name with Mutex.TryLock, in canonical order, and
-// fails with an error wrapping holdfast.ErrLocked at the first one held or
-// waited for; the names taken before it are then released.
+// TryLock takes every name with Mutex.TryLock, and fails with an error
+// wrapping holdfast.ErrLocked at the first one held or waited for,
+// releasing those taken before it.
 func (m *MultiMutex) TryLock(ctx context.Context) (*MultiGrant, error) { return m.lock(ctx, true) }
 
 func (m *MultiMutex) lock(ctx context.Context, try bool) (*MultiGrant, error) {
@@ -75,9 +69,8 @@ func (m *MultiMutex) lock(ctx context.Context, try bool) (*MultiGrant, error) {
 	return &MultiGrant{multi: multi, s: m.s}, nil
 }
 
-// MultiGrant is a held multi-name lock: one Grant per name. A write that
-// concerns one name is fenced by that name's token (Token(name)); Txn
-// guards a write by every name at once.
+// MultiGrant is a held multi-name lock: one Grant per name, each fencing
+// the writes that concern its name; Txn guards a write by every name.
 type MultiGrant struct {
 	multi *core.Multi[*Grant]
 	s     *Session
@@ -92,8 +85,7 @@ func (g *MultiGrant) Grant(name string) *Grant {
 	return p
 }
 
-// Token returns the fencing token of name's grant (0 if name is not one of
-// the set): what fences a write to the resource that name protects.
+// Token returns the fencing token of name's grant (0: not one of the set).
 func (g *MultiGrant) Token(name string) holdfast.Token {
 	if p := g.Grant(name); p != nil {
 		return p.Token()
@@ -102,14 +94,13 @@ func (g *MultiGrant) Token(name string) holdfast.Token {
 }
 
 // Context is cancelled when any part ends: with holdfast.ErrReleased after
-// Unlock, else with the first lost part's cause (wrapping
-// holdfast.ErrLost), naming it.
+// Unlock, else with the first lost part's cause.
 func (g *MultiGrant) Context() context.Context { return g.multi.Context() }
 
 // Deadline is the earliest of the parts' safe deadlines.
 func (g *MultiGrant) Deadline() time.Time { return g.multi.Deadline() }
 
-// Key returns the key of name's grant ("" if name is not one of the set).
+// Key returns the key of name's grant ("": not one of the set).
 func (g *MultiGrant) Key(name string) string {
 	if p := g.Grant(name); p != nil {
 		return p.Key()
@@ -117,17 +108,15 @@ func (g *MultiGrant) Key(name string) string {
 	return ""
 }
 
-// Unlock releases every part concurrently, each as Grant.Unlock does
-// (guarded, bounded by ctx, finished in the background if ctx ends first),
-// and returns the parts' errors joined.
+// Unlock releases every part concurrently, as Grant.Unlock does, and
+// returns their errors joined.
 func (g *MultiGrant) Unlock(ctx context.Context) error { return g.multi.Unlock(ctx) }
 
-// Txn runs ops in one Consul transaction (/v1/txn) that applies only while
-// every part is held: a check-session of every part's lock key comes first.
-// If a part was released or lost, nothing is applied and the error wraps
-// holdfast.ErrNotHeld (and the multi-grant ends). ops may not touch any
-// part's keys (see Grant.Txn), and take at most MaxTxnOps minus the number
-// of names. On success the response's Results are those of ops.
+// Txn runs ops in one transaction that applies only while every part is
+// held (a check-session of each lock key first), else the error wraps
+// holdfast.ErrNotHeld and the multi-grant ends. ops follow Grant.Txn's
+// rules, with at most MaxTxnOps minus the number of names; on success the
+// Results are those of ops.
 func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)

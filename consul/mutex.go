@@ -10,16 +10,12 @@ import (
 	"github.com/holdfast/holdfast/internal/options"
 )
 
+// lockSuffix and queueInfix make a name's lock key (`consul lock <name>`'s
+// and api.Lock's with that Key) and queue prefix; cleanupGrace is how long
+// a Lock whose ctx ended still waits for its cleanup.
 const (
-	// lockSuffix makes the lock key of a name: what `consul lock <name>` and
-	// api.Lock with LockOptions{Key: name + "/.lock"} use.
-	lockSuffix = "/.lock"
-	// queueInfix makes the queue prefix of a name; waiters' keys are
-	// "<name>/.queue/<session ID>".
-	queueInfix = "/.queue/"
-	// cleanupGrace is how long a Lock whose context has ended still waits
-	// for its cleanup, so that on a reachable Consul it leaves nothing when
-	// it returns.
+	lockSuffix   = "/.lock"
+	queueInfix   = "/.queue/"
 	cleanupGrace = 50 * time.Millisecond
 )
 
@@ -30,13 +26,12 @@ func LockKey(name string) string { return name + lockSuffix }
 
 // Mutex is a distributed, fair (FIFO), fenced lock on Consul: the key
 // "<name>/.lock", acquired with the session and flagged like api.Lock's, so
-// api.Lock and `consul lock` on that key exclude it and the other way round
-// (they do not queue: they get the lock when it is free and no holdfast
-// waiter queues). holdfast waiters queue under "<name>/.queue/"; a release
-// wakes one waiter (docs/DESIGN.md, "Consul acquire"). A live lock of a
-// longer name under "<name>/" is holdfast.ErrConflict; keys no session
-// holds are ignored. A Mutex belongs to one Session and may be used from
-// many goroutines: acquisitions of a name through one Session take turns.
+// api.Lock and `consul lock` exclude it and the other way round (they do not
+// queue). holdfast waiters queue under "<name>/.queue/"; a release wakes one
+// (docs/DESIGN.md, "Consul acquire"). A live lock of a longer name under
+// "<name>/" is holdfast.ErrConflict (keys no session holds are ignored).
+// Acquisitions of a name through one
+// Session take turns.
 type Mutex struct {
 	s       *Session
 	name    string
@@ -71,40 +66,34 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 }
 
 // Lock waits until the lock is granted (first come, first served among
-// holdfast waiters), ctx is done, or the session ends, and returns within
-// milliseconds of ctx ending even if Consul cannot be reached. The error
-// then matches ctx's; it wraps holdfast.ErrSessionLost or ErrSessionClosed
-// if the session ended the wait, and holdfast.ErrConflict if the key is not
-// a lock's or a live lock of a longer name lies under "<name>/". What a
-// failed Lock left in Consul is removed by the session in the background
-// (looked for again later if a request got no answer); Lock waits for that
-// up to 50 ms after ctx ended, and the session locks the name again only
-// after it.
+// holdfast waiters), ctx is done (it returns within milliseconds then, even
+// if Consul cannot be reached), or the session ends. The error then
+// matches ctx's, or wraps holdfast.ErrSessionLost or ErrSessionClosed;
+// holdfast.ErrConflict if the key is not a lock's or a live lock of a
+// longer name lies under "<name>/". What a failed Lock left is removed in
+// the session's background; Lock waits for that up to 50 ms after ctx
+// ended, and the name is locked again through the session only after it.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.lock(ctx, false) }
 
-// TryLock takes the lock only if nobody holds it or waits for it, and
-// returns an error wrapping holdfast.ErrLocked at once otherwise (also while
-// another acquisition or grant of the name through this session, or the
-// cleanup after one, is under way). It writes nothing when it fails, unless
-// its acquire was sent and its outcome is unknown (then it is cleaned up
-// as after Lock).
+// TryLock takes the lock only if nobody holds it or waits for it (in
+// Consul or through this session), and otherwise returns an error wrapping
+// holdfast.ErrLocked at once, having written nothing (unless a write's
+// outcome is unknown: then cleaned up as after Lock).
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx, true) }
 
 func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	return acquire(ctx, m.s, m.name, try, &m.reentry, &acquisition{m: m})
 }
 
-// grant wraps an acquired lock key in a Grant whose context is a child of the
-// session's. a says whom to hand the lock to on Unlock, as far as we know.
-// free releases the in-process name when the grant has ended in Consul.
+// grant wraps the lock key acquired by a (its releaser) in a Grant, a
+// child of the session's context; free frees the name in-process once the
+// grant has ended in Consul.
 func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix(), rel: a.hold()}
+	g := &Grant{s: m.s, prefix: m.prefix(), rel: a}
 	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey(), holdfast.Token(token), (*ending)(g), free)
 	m.s.hold(g)
 	if g.Context().Err() != nil {
-		// The session ended while we acquired: hand out no grant of a dead
-		// session. Close releases the key (it is in s.held).
-		return nil, m.s.alive()
+		return nil, m.s.alive() // the session ended: Close releases the key
 	}
 	return g, nil
 }

@@ -13,191 +13,125 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// linkWait bounds how long a release waits for a waiter that queued behind
-// the holder to link itself (see lockHold.look), before it reads the whole
-// queue instead.
+// linkWait bounds how long a release waits for the link of a waiter that
+// queued behind the holder (see acquisition.look) before reading the queue.
 const linkWait = 250 * time.Millisecond
-
-// lockHold is the release state of a grant taken through the queue (a
-// Mutex's, or an Election's with resign), used by its one release: the
-// waiter linked behind us (nil: none known), the tail key's ModifyIndex
-// when it last named our entry as far as we know (0: absent), and the index
-// of our entry's subtree as last seen.
-type lockHold struct {
-	m         *Mutex
-	resign    bool
-	next      *waiter
-	tailIndex uint64
-	mine      uint64
-}
 
 // errStale means that the waiter we meant to hand the lock to, or the tail
 // key, changed since we learnt them: look again.
 var errStale = errors.New("the next waiter or the tail key changed")
 
-// release ends a grant taken through the queue; the session runs it in the
-// background (see core.Grant), retried on transport errors while the
-// session lives. After Unlock it hands the lock to the waiter linked behind
-// us (see pass), or deletes it with our entry if nobody queued behind us;
-// when neither is known to hold, it learns who did (see look). After a loss
-// it leaves the queue (see Mutex.leave) and deletes the lock key if our
-// session still holds it.
-func (g *lockHold) release(ctx context.Context, gr *Grant) error {
-	if !errors.Is(context.Cause(gr.Context()), holdfast.ErrReleased) {
-		return g.drop(ctx, gr) // a lost grant
+// release is the releaser of a grant taken through the queue (see
+// core.Grant): after Unlock it hands the lock over (handOver); after a loss
+// it drops it. Unlock steps: docs/DESIGN.md, "Consul acquire".
+func (a *acquisition) release(ctx context.Context, g *Grant) error {
+	if !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
+		return a.drop(ctx, g)
 	}
-	// Not core.Backoff: a stale attempt is not a failed request, and look
-	// answers it at once (a pause would delay the handoff); after four,
-	// errStale goes to the core's retry.
-	var err error
-	for i := 0; i < 4; i++ {
-		if g.next != nil {
-			err = g.pass(ctx)
-		} else {
-			err = g.alone(ctx)
+	// A stale view is answered at once by look (first waiting for a link):
+	// no pause; after four, errStale goes to the core's retry.
+	first := true
+	err := core.Backoff{First: time.Nanosecond, Tries: 4, Final: func(err error) bool { return !errors.Is(err, errStale) }}.Retry(ctx, func(ctx context.Context) error {
+		if err := a.handOver(ctx); !errors.Is(err, errStale) {
+			return err
 		}
-		if !errors.Is(err, errStale) {
-			break
+		err := a.look(ctx, first)
+		if first = false; err == nil {
+			err = errStale
 		}
-		if err = g.look(ctx, i == 0); err != nil {
-			break
-		}
-		err = errStale
-	}
-	if errors.Is(err, holdfast.ErrNotHeld) {
-		// The key was deleted or taken over from outside: leave the queue.
-		g.m.s.checkSoon()
-		if _, lerr := g.m.leave(ctx); lerr != nil {
+		return err
+	})
+	if errors.Is(err, holdfast.ErrNotHeld) { // deleted or taken over from outside
+		a.m.s.checkSoon()
+		if _, lerr := a.m.leave(ctx); lerr != nil {
 			return lerr
 		}
-	}
-	return err // errStale four times over: retried
-}
-
-// drop releases the lock key without handing it over, and leaves the queue
-// (after a loss, or as the session closes). A lock key that our ended
-// session left free (Behavior release) is deleted as a failed acquisition's
-// cleanup does (see Session.clean): nobody else would.
-func (g *lockHold) drop(ctx context.Context, _ *Grant) error {
-	err := g.m.s.releaseKey(ctx, g.m.lockKey())
-	e, lerr := g.m.leave(ctx)
-	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
-		return lerr
-	}
-	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
-		_, _ = g.m.s.txn(ctx, api.TxnOps{deleteCAS(g.m.lockKey(), e.ModifyIndex)})
 	}
 	return err
 }
 
-// pass, the write behind Unlock, hands the lock to the waiter linked behind
-// us in one transaction (docs/DESIGN.md, "Consul acquire", Unlock): guarded
-// by our session holding the lock key and by the waiter's entry, it moves
-// the key to the waiter's session and writes its held mark (with resign, an
-// Election's, it deletes the key instead, and the woken waiter takes it).
-// A failed check-session is an error wrapping holdfast.ErrNotHeld; a
-// failed check of the waiter is errStale.
-func (g *lockHold) pass(ctx context.Context) error {
-	s, m, key, w := g.m.s, g.m, g.m.lockKey(), *g.next
-	ops := releaseGuard(key, s.id)
-	held := len(ops) // ops before this index check that we hold the key
-	if g.resign {
-		ops = append(ops, kvOp(api.KVDelete, key))
-	} else {
-		// A delete and an acquire for w: the key is never seen free, and a
-		// delete answers nothing where an unlock answers the entry (bytes
-		// on every handoff).
-		ops = append(ops, kvOp(api.KVDelete, key), lockOp(key, w.session, []byte(valueTaken)))
-		ops = append(ops, nextGuard(w)...)
-		ops = append(ops,
-			&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: w.key + heldSuffix, Session: w.session}})
+// drop releases the lock key without handing it over and leaves the queue
+// (after a loss, or as the session closes); a free lock key our ended
+// session left (Behavior release) is deleted, as Session.clean does.
+func (a *acquisition) drop(ctx context.Context, _ *Grant) error {
+	m := a.m
+	err := m.s.releaseKey(ctx, m.lockKey())
+	e, lerr := m.leave(ctx)
+	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
+		return lerr
 	}
-	ops = append(ops, kvOp(api.KVDelete, w.key+prevInfix+s.id), kvOp(api.KVGetTree, m.queueKey()+nextInfix), kvOp(api.KVDeleteTree, m.queueKey()))
-	return g.send(ctx, ops, held)
+	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
+		_, _ = m.s.txn(ctx, api.TxnOps{deleteCAS(m.lockKey(), e.ModifyIndex)})
+	}
+	return err
 }
 
-// alone releases the lock when nobody queued behind us: [check-session,
-// check-index of the tail key at the index it had when it named our entry
-// and its delete (or check that it is absent), delete the lock key, delete
-// our entry and its subtree]. A waiter that queued behind us moved the tail
-// key, or it went with that waiter's session: errStale.
-func (g *lockHold) alone(ctx context.Context) error {
-	m := g.m
-	ops := releaseGuard(m.lockKey(), m.s.id)
-	held := len(ops)
-	if g.tailIndex == 0 {
-		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey()))
-	} else {
-		// A check-index, not a delete-cas (which succeeds on an absent
-		// key): a tail key deleted with the session of a waiter that
-		// queued behind us (Behavior delete) leaves that waiter's anchor
-		// on us, which look's read then deletes (before, it stayed while
-		// our session lived: TestExpiredSessionLeavesNothing).
-		ops = append(ops, checkIndex(m.tailKey(), g.tailIndex), kvOp(api.KVDelete, m.tailKey()))
+// handOver, the write behind Unlock, is one transaction guarded by our
+// session holding the lock key. To the waiter w linked behind us, guarded
+// by w's entry: it moves the key to w's session and writes w's held mark (a
+// campaign's resigns: it deletes the key and w's anchor, and w takes it).
+// With nobody behind us, guarded by the tail key still naming us: it
+// deletes the key. It fails with holdfast.ErrNotHeld, or errStale if w or
+// the tail changed.
+func (a *acquisition) handOver(ctx context.Context) error {
+	m, key, w := a.m, a.m.lockKey(), a.next
+	ops := releaseGuard(key, m.s.id)
+	held := len(ops) // ops before held check that we hold the key
+	switch {
+	case w == nil && a.tailIndex == 0:
+		ops = append(ops, kvOp(api.KVCheckNotExists, m.tailKey()), kvOp(api.KVDelete, key))
+	case w == nil:
+		// A check-index, not a delete-cas, which passes on an absent key
+		// (TestExpiredSessionLeavesNothing).
+		ops = append(ops, checkIndex(m.tailKey(), a.tailIndex), kvOp(api.KVDelete, m.tailKey()), kvOp(api.KVDelete, key))
+	case a.campaign():
+		ops = append(ops, kvOp(api.KVDelete, key), kvOp(api.KVDelete, w.key+prevInfix+m.s.id))
+	default: // a delete and a lock: the key is never seen free
+		ops = append(append(ops, kvOp(api.KVDelete, key), lockOp(key, w.session, []byte(valueTaken))), nextGuard(*w)...)
+		ops = append(ops, acquireOp(w.key+heldSuffix, w.session, nil), kvOp(api.KVDelete, w.key+prevInfix+m.s.id))
 	}
-	ops = append(ops, kvOp(api.KVDelete, m.lockKey()), kvOp(api.KVGetTree, m.queueKey()+nextInfix), kvOp(api.KVDeleteTree, m.queueKey()))
-	return g.send(ctx, ops, held)
-}
-
-// send runs a release's transaction; ops before held check that we hold
-// the lock key. The transaction reads the links under our entry before it
-// deletes them: the anchors on us of the waiters linked there other than
-// the one the lock goes to (a waiter that relinked to us after a read, say)
-// are deleted next, which wakes them, as a leave does (before, they waited
-// on an anchor nobody would delete until our session ended).
-func (g *lockHold) send(ctx context.Context, ops api.TxnOps, held int) error {
-	resp, err := g.m.s.txn(ctx, ops)
+	resp, err := m.s.txn(ctx, append(ops, kvOp(api.KVGetTree, m.queueKey()+nextInfix), kvOp(api.KVDeleteTree, m.queueKey())))
 	var rb *rollback
 	switch {
-	case err == nil:
-		var wake api.TxnOps
-		for _, r := range resp.Results {
-			if e := r.KV; e != nil && strings.HasPrefix(e.Key, g.m.queueKey()+nextInfix) && (g.next == nil || !strings.HasSuffix(e.Key, nextInfix+g.next.session)) {
-				wake = appendWake(wake, e)
-			}
-		}
-		_ = core.Retry(ctx, func(actx context.Context) error { return g.m.s.wake(actx, wake) })
-		return nil
 	case errors.As(err, &rb) && rb.denied():
-		return txnError("unlock "+g.m.lockKey(), rb)
+		return txnError("unlock "+key, rb)
 	case rb != nil && rb.failedBefore(held):
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, g.m.lockKey(), g.m.s.id)
+		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, key, m.s.id)
 	case rb != nil:
-		g.next = nil
+		a.next = nil
 		return errStale
-	default:
+	case err != nil:
 		return err
 	}
+	// The other waiters linked under us (one that relinked after a read)
+	// are woken: their anchors on us go.
+	var wake api.TxnOps
+	for _, e := range txnKVs(resp.Results) {
+		if strings.HasPrefix(e.Key, m.queueKey()+nextInfix) && (w == nil || !strings.HasSuffix(e.Key, nextInfix+w.session)) {
+			wake = appendWake(wake, e)
+		}
+	}
+	_ = core.Retry(ctx, func(ctx context.Context) error { return m.s.wake(ctx, wake) })
+	return nil
 }
 
-// look learns whom to hand the lock to. First (wait), it blocks on our
-// entry's subtree up to linkWait for the link of the waiter that queued
-// behind us (it links itself as soon as it has queued). Otherwise it reads
-// the whole queue: the first live entry other than ours is the next
-// waiter, and if there is none, the tail key's index is noted (nobody
-// queues behind us). Dead entries it finds are deleted (at most 64 at a
-// time). It returns an error wrapping holdfast.ErrNotHeld if our session
+// look learns whom to hand the lock to: first (wait) from the link of the
+// waiter that queued behind us, up to linkWait; else from a read of the
+// queue (the first live entry other than ours; none: the tail key's index),
+// dropping dead entries. It fails with holdfast.ErrNotHeld if our session
 // no longer holds the key.
-func (g *lockHold) look(ctx context.Context, wait bool) error {
-	m := g.m
-	if wait {
-		for start := time.Now(); time.Since(start) < linkWait; {
-			pairs, index, err := m.s.watchTree(ctx, m.queueKey(), g.mine, linkWait-time.Since(start))
-			if err != nil {
-				return err
-			}
-			if pairs == nil && index == g.mine {
-				break // no link came
-			}
-			g.mine = index
-			results := make([]*api.TxnResult, 0, len(pairs))
-			for _, p := range pairs {
-				results = append(results, &api.TxnResult{KV: p})
-			}
-			if v := m.parse(results); v.next != nil {
-				g.next = v.next
-				return nil
-			}
+func (a *acquisition) look(ctx context.Context, wait bool) error {
+	m := a.m
+	for start := time.Now(); wait && time.Since(start) < linkWait; {
+		pairs, index, err := m.s.watchTree(ctx, m.queueKey(), a.mine, linkWait-time.Since(start))
+		if err != nil {
+			return err
+		}
+		if pairs == nil && index == a.mine {
+			break // no link came
+		}
+		if a.mine, a.next = index, m.parse(pairs).next; a.next != nil {
+			return nil
 		}
 	}
 	v, err := m.read(ctx)
@@ -208,30 +142,27 @@ func (g *lockHold) look(ctx context.Context, wait bool) error {
 		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey(), m.s.id)
 	}
 	m.s.dropDead(ctx, v.dead)
-	g.next, g.tailIndex = nil, 0
+	a.next, a.tailIndex = nil, 0
 	for _, e := range v.queue {
 		if e.Key != m.queueKey() {
 			w := m.entry(e.Session, e.CreateIndex)
-			g.next = &w
+			a.next = &w
 			return nil
 		}
 	}
 	if v.tail != nil {
-		g.tailIndex = v.tail.ModifyIndex
+		a.tailIndex = v.tail.ModifyIndex
 	}
 	return nil
 }
 
 // leave takes our entry out of the queue in two transactions that a retry
-// can repeat whatever became of the last attempt (docs/DESIGN.md, "Consul
-// acquire"): one reads our subtree, the lock key and the tail key and
-// deletes our entry and its held mark; one wakes the waiters linked behind
-// us (deleting their anchors on us) and deletes the rest of our subtree. A
-// tail key naming us is repaired (see Mutex.repairTail). It returns the
-// lock key as read.
+// can repeat (docs/DESIGN.md, "Consul acquire"): one reads our subtree, the
+// lock and tail keys and deletes our entry and held mark; one wakes the
+// waiters linked behind us and deletes the rest of our subtree. A tail key
+// naming us is repaired (Mutex.repairTail). It returns the lock key.
 func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
-	s := m.s
-	resp, err := s.txn(ctx, api.TxnOps{
+	resp, err := m.s.txn(ctx, api.TxnOps{
 		kvOp(api.KVGetTree, m.queueKey()), kvOp(api.KVGetOrEmpty, m.lockKey()), kvOp(api.KVGetOrEmpty, m.tailKey()),
 		kvOp(api.KVDelete, m.queueKey()), kvOp(api.KVDelete, m.queueKey()+heldSuffix),
 	})
@@ -244,9 +175,9 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	}
 	var lock, tail *api.KVPair
 	var wake api.TxnOps
-	for _, r := range resp.Results {
-		switch e := r.KV; {
-		case e == nil || e.ModifyIndex == 0:
+	for _, e := range txnKVs(resp.Results) {
+		switch {
+		case e.ModifyIndex == 0:
 		case e.Key == m.lockKey():
 			lock = e
 		case e.Key == m.tailKey():
@@ -257,22 +188,19 @@ func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	}
 	if len(wake) > 0 {
 		wake = append(wake[:min(len(wake), MaxTxnOps-1)], kvOp(api.KVDeleteTree, m.queueKey()+"/"))
-		if _, err := s.txn(ctx, wake); err != nil {
+		if _, err := m.s.txn(ctx, wake); err != nil {
 			return nil, err
 		}
 	}
-	if t, ok := m.tailEntry(tail); ok && t.session == s.id {
-		if err := m.repairTail(ctx); err != nil {
-			return nil, err
-		}
+	if t, ok := m.tailEntry(tail); ok && t.session == m.s.id {
+		return lock, m.repairTail(ctx)
 	}
 	return lock, nil
 }
 
-// appendWake appends to ops what wakes the waiter that e, a key under a
-// queue entry E that is gone, stands for: for the link "E/next/W" of a
-// live waiter W, the deletion of W's anchor "W/prev/E"; for E's anchor
-// "E/prev/P", the deletion of E's link under P ("P/next/E").
+// appendWake appends what wakes the waiter that e, a key under a gone queue
+// entry E, stands for: for the link "E/next/W" of a live W, the deletion of
+// W's anchor "W/prev/E"; for E's anchor "E/prev/P", of "P/next/E".
 func appendWake(ops api.TxnOps, e *api.KVPair) api.TxnOps {
 	i := strings.LastIndex(e.Key, queueInfix)
 	if i < 0 {

@@ -11,22 +11,20 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// maxDropDead bounds how many stale queue entries one request removes.
+// maxDropDead bounds how many dead keys one request removes.
 const maxDropDead = 64
 
-// blockTimeout is the client-side timeout of a blocking query with the given
-// wait time: Consul adds up to wait/16 of jitter.
+// blockTimeout bounds a blocking query of wait (Consul adds up to wait/16).
 func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*time.Second }
 
-// queryRefused reports whether a blocking query was refused (HTTP 4xx: an
-// ACL, a bad request): retrying cannot change that.
+// queryRefused reports whether a query was refused (HTTP 4xx: an ACL, a
+// bad request): retrying cannot change that.
 func queryRefused(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
 
-// block repeats query, a blocking query waiting at most blockWait (less if
-// bound > 0 ends sooner), until it reports a change. It returns true then,
-// and false, nil once bound > 0 has passed without one. Timeouts and
-// transport errors are retried (core.Backoff) until ctx ends (with the
-// session, if the store stays unreachable); a refusal is an error.
+// block repeats query, a blocking query of at most blockWait (and bound,
+// if > 0), until it reports a change: true; false, nil once bound passed.
+// Timeouts and transport errors are retried (core.Backoff) until ctx ends;
+// a refusal is an error.
 func (s *Session) block(ctx context.Context, what string, bound time.Duration, query func(*api.QueryOptions) (bool, error)) (bool, error) {
 	start := time.Now()
 	for {
@@ -52,9 +50,8 @@ func (s *Session) block(ctx context.Context, what string, bound time.Duration, q
 	}
 }
 
-// watchKey blocks until key's ModifyIndex is no longer index (it changed or
-// is gone), and returns the key as it then is (nil if gone); with bound > 0
-// it returns nil, nil once bound has passed without a change (see block).
+// watchKey blocks until key's ModifyIndex is no longer index, and returns
+// the key (nil if gone); nil, nil once bound > 0 passed (see block).
 func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound time.Duration) (*api.KVPair, error) {
 	var pair *api.KVPair
 	wait := index
@@ -73,10 +70,9 @@ func (s *Session) watchKey(ctx context.Context, key string, index uint64, bound 
 	return pair, nil
 }
 
-// watchTree blocks until the index of the subtree under prefix is no longer
-// index (something under it changed), and returns its keys and new index;
-// with bound > 0 it returns nil, index, nil once bound has passed without a
-// change (see block).
+// watchTree blocks until the index of the subtree under prefix is no
+// longer index, and returns its keys and new index; nil, index, nil once
+// bound > 0 passed (see block).
 func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bound time.Duration) (api.KVPairs, uint64, error) {
 	var pairs api.KVPairs
 	last := index
@@ -98,12 +94,10 @@ func (s *Session) watchTree(ctx context.Context, prefix string, index uint64, bo
 	return pairs, last, nil
 }
 
-// dropDead deletes keys whose session is gone (queue entries with their
-// subtrees, contender keys, left by sessions with Behavior release), at most
-// maxDropDead at a time, and wakes the waiters whose links or anchors lay
-// under a gone entry (see appendWake). Nobody may read them again: a request
-// that gets no answer is retried in the session's background while it
-// lives; a failed check-and-set means they were dropped already.
+// dropDead deletes keys whose session is gone (at most maxDropDead: queue
+// entries with their subtrees, contender keys) and wakes the waiters linked
+// under a gone entry (appendWake); a request without answer is retried in
+// the session's background, and a failed check means they went already.
 func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 	if len(dead) == 0 {
 		return

@@ -37,17 +37,8 @@ type Once struct {
 // lie between 2 x MinTTL (20 s) and 2 x MaxTTL; otherwise, or if sched is
 // not valid, the error wraps holdfast.ErrInvalidArgument.
 func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
-	if s == nil {
-		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
-	}
-	if err := holdfast.ValidateName(name); err != nil {
+	if err := core.CheckOnce(s != nil, name, sched, 2*MinTTL, 2*MaxTTL); err != nil {
 		return nil, err
-	}
-	if err := sched.Validate(); err != nil {
-		return nil, err
-	}
-	if sched.AtMost < 2*MinTTL || sched.AtMost > 2*MaxTTL {
-		return nil, fmt.Errorf("%w: AtMost %v is not between %v and %v (twice Consul's session TTL bounds)", holdfast.ErrInvalidArgument, sched.AtMost, 2*MinTTL, 2*MaxTTL)
 	}
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
@@ -73,7 +64,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	}
 	period = period.UTC()
 	if claimPeriodOver(period, o.sched.Every, time.Now()) {
-		return nil, o.over(period)
+		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
@@ -114,7 +105,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 		case err != nil:
 			return nil, err
 		case claimPeriodOver(period, o.sched.Every, got):
-			return nil, o.over(period)
+			return nil, core.PeriodOver(o.name, period, o.sched.Every)
 		}
 		return o.claim(id, period, token, sent, got), nil
 	}
@@ -162,13 +153,7 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 // transaction with index token, answered at got.
 func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.Time) *Claim {
 	c := &Claim{o: o, id: id, period: period, made: got}
-	ttl := o.sched.AtMost / 2
-	keeper := core.NewKeeper(sent, ttl, ttl/5)
-	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
-		endWithSession()
-		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
-	})
+	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, o.sched.AtMost/2, core.ReleaseFunc(c.release))
 	return c
 }
 
@@ -245,11 +230,6 @@ func (o *Once) destroy(ctx context.Context, id string) error {
 		return apiError("destroy claim session", err)
 	}
 	return nil
-}
-
-// over is the error of a claim of period made after the period's end.
-func (o *Once) over(period time.Time) error {
-	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
 }
 
 // refusedBy is the error of a claim of period that the record rec (nil:
@@ -331,11 +311,7 @@ func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 // destroys the claim's session, which deletes the run's mark (if ctx ends
 // first, in the background).
 func (c *Claim) Unlock(ctx context.Context) error {
-	if ctx == nil {
-		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	core.WaitAtLeast(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
-	return c.base.Unlock(ctx)
+	return core.UnlockClaim(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
 }
 
 // Guard returns the operation that succeeds exactly while this claim is

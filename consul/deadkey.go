@@ -11,18 +11,12 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// A name's lock key "<name>/.lock" of another kind of lock (other flags) is
-// dead once no session can hold it: the key is held by no session, and no
-// key under the name but the caller's kind's own is held by one (every
-// contender of api.Semaphore, `consul lock -n`, an RWMutex and a Mutex's
-// queue holds a key with its session). A dead key is replaced by the
-// caller's take, guarded by the index read; a live one refuses the name
-// with an error wrapping holdfast.ErrConflict that says how to free it.
-
 // liveUnder returns the key among pairs (the keys under a name) that keeps
 // lock, the name's lock key of another kind, alive: lock itself if a
-// session holds it, else the first key held by a session that is not own;
-// nil if lock is dead.
+// session holds it, else a key not own held by one (every contender of a
+// Semaphore, an RWMutex, `consul lock -n` and a Mutex's queue holds a key
+// with its session). Dead (nil), lock is replaced by the caller's take,
+// guarded by the index read; live, the name is refused (otherKindError).
 func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool) *api.KVPair {
 	if semaphoreHeld(lock) {
 		return lock
@@ -35,9 +29,9 @@ func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool
 	return nil
 }
 
-// otherKindError is the error for lock, kept alive by live (see liveUnder):
-// it names the kind and the session, and says how to free the name; what is
-// the caller's kind ("a Mutex").
+// otherKindError is the error for lock, kept alive by live: it wraps
+// holdfast.ErrConflict and says how to free the name; what is the caller's
+// kind ("a Mutex").
 func otherKindError(lock, live *api.KVPair, prefix, what string) error {
 	kind := "another kind of lock's"
 	switch lock.Flags {
@@ -55,8 +49,7 @@ func otherKindError(lock, live *api.KVPair, prefix, what string) error {
 }
 
 // compatible returns an error wrapping holdfast.ErrConflict if a live lock
-// (a key held by a session) lies under "<name>/": a lock of a longer name,
-// an api.Semaphore's contender.
+// of a longer name, or a contender of a semaphore, lies under "<name>/".
 func (m *Mutex) compatible(v view) error {
 	if v.other != "" {
 		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
@@ -76,9 +69,9 @@ func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 // otherKind reports whether lock is the lock key of another kind of lock.
 func otherKind(lock *api.KVPair) bool { return lock != nil && lock.Flags != api.LockFlagValue }
 
-// deadLock returns nil if lock, the lock key as read, is a lock's, or
-// another kind's that is dead: the take then replaces it, guarded by its
-// index. A live one is an error wrapping holdfast.ErrConflict.
+// deadLock returns nil if lock, the lock key as read, is a lock's or a dead
+// one of another kind (see liveUnder), else an error wrapping
+// holdfast.ErrConflict.
 func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	if !otherKind(lock) {
 		return nil
@@ -93,14 +86,8 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	case err != nil:
 		return err
 	}
-	pairs := make([]*api.KVPair, 0, len(resp.Results))
-	for _, r := range resp.Results {
-		if r.KV != nil {
-			pairs = append(pairs, r.KV)
-		}
-	}
 	own := func(e *api.KVPair) bool { return e.Key == m.tailKey() || strings.HasPrefix(e.Key, m.queuePrefix()) }
-	if live := liveUnder(pairs, lock, own); live != nil {
+	if live := liveUnder(latest(resp.Results), lock, own); live != nil {
 		return otherKindError(lock, live, m.prefix(), "a holdfast Mutex or Election")
 	}
 	return nil

@@ -12,18 +12,16 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// How a permit ends: a release, a cleanup, a Downgrade, and the handoffs
-// they make (steps 2, 5 and 6 of docs/DESIGN.md, "Consul semaphore and
-// read-write lock").
+// How a permit ends, and the handoffs that makes (steps 2, 5 and 6 of
+// docs/DESIGN.md, "Consul semaphore and read-write lock").
 
-// maxLeaveAttempts bounds the attempts of one release or cleanup (and of
-// Mutex.repairTail) that lose races.
+// maxLeaveAttempts bounds the attempts of a release or cleanup that lose
+// races (and Mutex.repairTail's).
 const maxLeaveAttempts = 8
 
-// raceBackoff paces the attempts of a write of the lock key that lost a
-// race for it (errStale): pauses from up to 2 ms, not core.Backoff's 50 ms,
-// since a fresh read answers a lost race within milliseconds. Any other
-// error ends the attempts: the caller retries (core.Retry).
+// raceBackoff paces the writes of the lock key that lost a race (errStale):
+// from 2 ms, not core.Backoff's 50 ms, since a fresh read answers a lost
+// race within milliseconds. Other errors go to the caller's core.Retry.
 var raceBackoff = core.Backoff{
 	First: 2 * time.Millisecond, Max: 64 * time.Millisecond, Jitter: true, Tries: maxLeaveAttempts,
 	Final: func(err error) bool { return !errors.Is(err, errStale) },
@@ -38,15 +36,14 @@ const (
 	leaveDowngrade                  // RWMutex.Downgrade
 )
 
-// permitHold is a permit's releaser.
+// permitHold is a permit's releaser (see grant.go).
 type permitHold struct {
 	p         *permits
 	exclusive bool
 	free      func() // frees the name in-process; passed to the read grant on Downgrade
 }
 
-// release is a leave, which hands the permit on; if our session no longer
-// holds the key, it does nothing and says so.
+// release leaves the holders, handing the permit on.
 func (h *permitHold) release(ctx context.Context, g *Grant) error {
 	err := h.p.leave(ctx, leaveRelease)
 	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
@@ -59,28 +56,29 @@ func (h *permitHold) release(ctx context.Context, g *Grant) error {
 func (h *permitHold) drop(ctx context.Context, _ *Grant) error { return h.p.leave(ctx, leaveRelease) }
 
 // leave removes us from the holders, admitting the waiters that then fit,
-// and deletes our key (Downgrade: makes us a reader), in one transaction
-// guarded by our session holding our key and by CAS on the lock key; a
-// waiter's key is deleted by CAS (step 5). An error wraps
-// holdfast.ErrNotHeld if our session no longer holds the key; errStale
-// after repeated races.
+// and deletes our key (Downgrade: makes us a reader), or deletes a
+// waiter's. An error wraps holdfast.ErrNotHeld if our session no longer
+// holds the key (a cleanup has nothing to do then); errStale after races.
 func (p *permits) leave(ctx context.Context, how leaveMode) error {
 	return raceBackoff.Retry(ctx, func(ctx context.Context) error { return p.leaveOnce(ctx, how) })
 }
 
-// leaveOnce is one attempt of leave: a read, then one transaction.
+// leaveOnce is one attempt of leave: a read, then one transaction guarded
+// by our session holding our key and by CAS on the lock key.
 func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 	v, err := p.read(ctx, how == leaveCleanup)
 	if err != nil {
 		return err
 	}
 	hookLeaveRead(p)
+	notHeld := fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
+	if how == leaveCleanup {
+		notHeld = nil // nothing of ours left to remove
+	}
 	_, in := v.st.holders[p.s.id]
 	switch {
-	case v.me == nil && how == leaveCleanup:
-		return nil // nothing of ours left
 	case v.me == nil:
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
+		return notHeld
 	case how == leaveDowngrade && in && v.err != nil:
 		return v.err
 	case how == leaveDowngrade && !in:
@@ -92,13 +90,12 @@ func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 	var rb *rollback
 	switch {
 	case err == nil && how == leaveRelease && !in:
-		// A holder's entry is pruned only once its key is gone: the lock
-		// key was rewritten or deleted from outside.
+		// A live holder is never pruned: the lock key was rewritten.
 		return fmt.Errorf("%w: %s was no longer among the holders in %s", holdfast.ErrNotHeld, p.s.id, p.lockKey)
 	case errors.As(err, &rb) && rb.denied():
 		return txnError("release "+p.myKey, rb)
 	case rb != nil && rb.failedBefore(len(guard)):
-		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, p.myKey, p.s.id)
+		return notHeld
 	case rb != nil:
 		return errStale // the lock key or a waiter changed: read again
 	}
@@ -106,12 +103,11 @@ func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 }
 
 // leaveOps are a leave's writes from v (in: we are a holder); after: they
-// leave room, and the transaction passes the permits on (step 6).
+// leave room (step 6).
 func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, after bool) {
 	switch {
 	case in && v.err != nil:
-		// The lock key is not ours to write any more: deleting our key
-		// makes us a dead holder, pruned by whoever can read the value.
+		// The lock key is not ours to write: we become a dead holder.
 		return api.TxnOps{kvOp(api.KVDelete, p.myKey)}, false
 	case !in: // step 5: the waiters that now fit are admitted (we may have been the head)
 		ops = api.TxnOps{deleteCAS(p.myKey, v.me.ModifyIndex)}
@@ -140,11 +136,9 @@ func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, aft
 	return append(ops, kvOp(api.KVDelete, p.myKey)), p.roomy(st)
 }
 
-// passOn admits the waiters of v, the subtree as a write of ours left it
-// with permits free, that fit (step 6): those that joined between the read
-// the write was computed from and the write, each trusting the waiter ahead
-// of it to be admitted with it. Best effort: on an error the waiters read
-// again after blockWait.
+// passOn admits the waiters that fit in v, the subtree as a write of ours
+// left it with room (step 6): those that joined between our read and our
+// write. Best effort: on an error they read again after blockWait.
 func (p *permits) passOn(ctx context.Context, v pview) {
 	reread := false
 	_ = raceBackoff.Retry(ctx, func(ctx context.Context) (err error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -13,22 +14,17 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// Semaphore and RWMutex share api.Semaphore's layout: contender keys
-// "<name>/<session ID>" acquired with their session, and the lock key
-// "<name>/.lock" saying who holds a permit, updated by CAS on its
-// ModifyIndex. This file reads them; permitwait.go takes a permit,
-// permitleave.go ends one (docs/DESIGN.md, "Consul semaphore and read-write
-// lock").
+// The keys of Semaphore and RWMutex and what a read of them says;
+// permitwait.go takes a permit, permitleave.go ends one (docs/DESIGN.md,
+// "Consul semaphore and read-write lock").
 
 // RWMutexFlagValue is the flags value of an RWMutex's keys ("holdrwlk" in
-// ASCII). api.Lock, api.Semaphore and holdfast's Mutex and Semaphore refuse
-// a lock key with these flags, and an RWMutex refuses theirs.
+// ASCII); other kinds of lock refuse a lock key with these flags.
 const RWMutexFlagValue uint64 = 0x686f6c6472776c6b
 
-// Values of holdfast's contender keys: the mode a contender waits for, then
-// valHeld, set by the lock-key write that admits it (its index is the
-// token); valHeldNext: that write admitted the next waiter too. Other values
-// are foreign contenders' (api.Semaphore, `consul lock -n`).
+// Values of holdfast's contender keys: the mode it waits for, then valHeld
+// (valHeldNext: the next waiter too), set by the write that admits it. Other
+// values are foreign contenders' (api.Semaphore, `consul lock -n`).
 const (
 	valWait       = "holdfast"       // a Semaphore's waiter
 	valRead       = "holdfast read"  // an RWMutex's waiting reader
@@ -44,11 +40,14 @@ type permitKind struct {
 	flags          uint64 // of the lock key and the contender keys
 	shared, writer string // a waiting contender's value
 	foreignOK      bool   // foreign contenders (api.Semaphore's) may share the name
+	decode         func(value []byte, limit int) (permitState, error)
+	encode         func(permitState) []byte
 }
 
 var (
-	semaphoreKind = &permitKind{what: "semaphore", flags: api.SemaphoreFlagValue, shared: valWait, writer: valWait, foreignOK: true}
-	rwKind        = &permitKind{what: "read-write lock", flags: RWMutexFlagValue, shared: valRead, writer: valWrite}
+	semaphoreKind = &permitKind{"semaphore", api.SemaphoreFlagValue, valWait, valWait, true, decodeSemaphoreLock, encodeSemaphoreLock}
+	rwKind        = &permitKind{"read-write lock", RWMutexFlagValue, valRead, valWrite, false,
+		func(value []byte, _ int) (permitState, error) { return decodeRWLock(value) }, encodeRWLock}
 )
 
 // permits is a Semaphore's (limit > 0) or an RWMutex's (limit 0) keys.
@@ -64,22 +63,18 @@ func newPermits(s *Session, name string, limit int) (*permits, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
 	}
-	if err := holdfast.ValidateName(name); err != nil {
+	if err := cmp.Or(holdfast.ValidateName(name), s.alive()); err != nil {
 		return nil, err
 	}
 	k := semaphoreKind
 	if limit == 0 {
 		k = rwKind
 	}
-	if err := s.alive(); err != nil {
-		return nil, err
-	}
 	return &permits{permitKind: k, s: s, name: name, prefix: name + "/", lockKey: name + lockSuffix, myKey: name + "/" + s.id, limit: limit}, nil
 }
 
-// fits reports whether a contender (exclusive: an RWMutex's writer) may be
-// admitted beside the holders of st: within the limit, and no writer with
-// anyone.
+// fits reports whether a contender (exclusive: a writer) may be admitted
+// beside the holders of st: within the limit, and no writer with anyone.
 func (p *permits) fits(st permitState, exclusive bool) bool {
 	if p.limit > 0 && len(st.holders) >= p.limit || exclusive && writerAlone() && len(st.holders) > 0 {
 		return false
@@ -99,10 +94,10 @@ type contender struct {
 	exclusive     bool
 }
 
-// pview is what one read of the subtree "<name>/" says.
+// pview is what one read of the subtree "<name>/" says (step 1).
 type pview struct {
 	lock    *api.KVPair   // nil if absent
-	st      permitState   // the holders, pruned of those whose session holds no key read
+	st      permitState   // the holders whose session holds a key read
 	waiters []contender   // holdfast waiters of our kind, by CreateIndex
 	pos     int           // our place among waiters; -1: we do not wait
 	me      *api.KVPair   // our contender key, if our session holds it
@@ -112,27 +107,19 @@ type pview struct {
 	index   uint64        // the highest ModifyIndex read
 }
 
-// parse builds a view from the results of a transaction that read the
-// subtree: the last answer about a key is the latest.
-func (p *permits) parse(results []*api.TxnResult) pview {
-	at := make(map[string]int, len(results))
-	var kvs []*api.KVPair
+// latest returns the keys results answer about, each as last answered.
+func latest(results []*api.TxnResult) []*api.KVPair {
+	last := make(map[string]*api.KVPair, len(results))
 	for _, r := range results {
-		if r.KV == nil {
-			continue
+		if r.KV != nil {
+			last[r.KV.Key] = r.KV
 		}
-		if i, ok := at[r.KV.Key]; ok {
-			kvs[i] = r.KV
-			continue
-		}
-		at[r.KV.Key] = len(kvs)
-		kvs = append(kvs, r.KV)
 	}
-	return p.parseKVs(kvs)
+	return slices.SortedFunc(maps.Values(last), func(x, y *api.KVPair) int { return strings.Compare(x.Key, y.Key) })
 }
 
-// parseKVs builds a view from the keys of the subtree, read at once.
-func (p *permits) parseKVs(kvs []*api.KVPair) pview {
+// parse builds a view from the keys of the subtree, read at once.
+func (p *permits) parse(kvs []*api.KVPair) pview {
 	v := pview{pos: -1}
 	live := make(map[string]bool, len(kvs))
 	for _, e := range kvs {
@@ -149,7 +136,7 @@ func (p *permits) parseKVs(kvs []*api.KVPair) pview {
 			p.classify(&v, e)
 		}
 	}
-	st, err := p.decode(v.lock, kvs)
+	st, err := p.holders(v.lock, kvs)
 	v.err = cmp.Or(err, v.err)
 	for h := range st.holders {
 		if prunable(live, h) {
@@ -164,11 +151,11 @@ func (p *permits) parseKVs(kvs []*api.KVPair) pview {
 	return v
 }
 
-// decode returns the holders in lock (none if absent or another kind's),
-// or an error wrapping holdfast.ErrConflict: a live lock key of another
-// kind (a dead one is replaced by our admission's CAS at its index), a value
-// we cannot decode, a limit other than ours.
-func (p *permits) decode(lock *api.KVPair, kvs []*api.KVPair) (permitState, error) {
+// holders returns the holders in lock (none if absent or another kind's:
+// dead, our admission's CAS replaces it), or an error wrapping
+// holdfast.ErrConflict: a live lock of another kind, a value we cannot
+// decode, another limit.
+func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, error) {
 	none := permitState{limit: p.limit, holders: map[string]bool{}}
 	if lock == nil {
 		return none, nil
@@ -179,7 +166,7 @@ func (p *permits) decode(lock *api.KVPair, kvs []*api.KVPair) (permitState, erro
 		}
 		return none, nil
 	}
-	st, err := decodeLock(lock.Value, p.limit)
+	st, err := p.decode(lock.Value, p.limit)
 	switch {
 	case err != nil:
 		return none, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
@@ -190,9 +177,9 @@ func (p *permits) decode(lock *api.KVPair, kvs []*api.KVPair) (permitState, erro
 }
 
 // classify notes in v the key e, other than the lock key: a holdfast waiter
-// of our kind, a foreign contender, a dead Semaphore's or
-// RWMutex's contender key, or a conflict. Any other key held by no session
-// is nobody's lock (a plain data key, a dead Mutex's tail): left alone.
+// of our kind, a foreign contender, a dead Semaphore's or RWMutex's
+// contender key, or a conflict. Other keys held by no session are nobody's
+// lock (a plain data key, a dead Mutex's tail): left alone.
 func (p *permits) classify(v *pview, e *api.KVPair) {
 	rest, under := strings.CutPrefix(e.Key, p.prefix)
 	shaped := rest != "" && !strings.Contains(rest, "/") && rest[0] != '.'
@@ -225,7 +212,6 @@ func (v *pview) conflict(format string, args ...any) {
 	}
 }
 
-// held reports whether a contender key's value is an admitted one's.
 func held(val string) bool { return val == valHeld || val == valHeldNext || val == valDowngraded }
 
 // admitted reports whether our key holds a permit in v.
@@ -243,8 +229,7 @@ func (v pview) others() []contender {
 }
 
 // admit admits the waiters of ws in order while they fit beside the holders
-// of st (first come, first served), and returns the new state and whom it
-// admitted.
+// of st, and returns the new state and whom it admitted.
 func (p *permits) admit(st permitState, ws []contender) (permitState, []contender) {
 	st = st.clone()
 	for i, w := range ws {
@@ -257,16 +242,15 @@ func (p *permits) admit(st permitState, ws []contender) (permitState, []contende
 	return st, ws
 }
 
-// writeOps store st in the lock key, by CAS at its index in v, and mark the
-// admitted waiters' keys (valHeldNext: the next one is admitted too), whose
-// token is this write's index.
+// writeOps store st in the lock key by CAS at its index in v, and mark the
+// keys of the waiters in, whose token is this write's index.
 func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	var index uint64
-	value := encodeLock(st)
+	value := p.encode(st)
 	if v.lock != nil {
 		index = v.lock.ModifyIndex
 		if string(value) == string(v.lock.Value) {
-			value = append(value, '\n') // else Consul would not move the index; JSON ignores it
+			value = append(value, '\n') // a change, to move the index; JSON ignores it
 		}
 	}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: permitCAS(), Key: p.lockKey, Index: index, Flags: p.flags, Value: value}}}
@@ -280,22 +264,18 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	return ops
 }
 
-// roomy reports whether st leaves a permit free (a read grant, for an
-// RWMutex): a write of it then passes permits on (step 6).
+// roomy reports whether st leaves a permit (a read grant) free.
 func (p *permits) roomy(st permitState) bool { return p.fits(st, false) }
 
-// read returns the subtree. A cleanup reads it ordered: a transaction that
-// deletes a key that never exists is a write, applied through Raft after
-// the writes sent before it, so that a join or admission of ours whose
-// request was abandoned but reached the server is seen, not landing later.
+// read returns the subtree; ordered (a cleanup's), in a transaction that
+// also deletes a key that never exists: a write, applied after the writes
+// sent before it, so that an abandoned join or admission of ours is seen.
 func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
 	ops := api.TxnOps{kvOp(api.KVGetTree, p.prefix)}
 	if ordered {
 		ops = append(api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered")}, ops...)
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := p.s.txn(ctx, ops)
+	resp, err := p.write(ctx, ops, false)
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -303,12 +283,11 @@ func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
 	case err != nil:
 		return pview{}, err
 	}
-	return p.parse(resp.Results), nil
+	return p.parse(latest(resp.Results)), nil
 }
 
-// write sends ops, with the timeout of a request. If after, the
-// transaction also reads the subtree as its writes left it, and the
-// waiters that then fit are admitted (step 6, passOn).
+// write sends ops. If after, the transaction also reads the subtree as its
+// writes left it, and the waiters that then fit are admitted (passOn).
 func (p *permits) write(ctx context.Context, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
 	n := len(ops)
 	if after {
@@ -318,7 +297,7 @@ func (p *permits) write(ctx context.Context, ops api.TxnOps, after bool) (*api.T
 	resp, err := p.s.txn(rctx, ops)
 	cancel()
 	if err == nil && after && len(resp.Results) >= n {
-		p.passOn(ctx, p.parse(resp.Results))
+		p.passOn(ctx, p.parse(latest(resp.Results)))
 	}
 	return resp, err
 }

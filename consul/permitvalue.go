@@ -14,23 +14,6 @@ type permitState struct {
 
 func (st permitState) clone() permitState { return permitState{st.limit, maps.Clone(st.holders)} }
 
-// decodeLock decodes the lock key's value: an RWMutex's if limit is 0, else
-// a Semaphore's. An empty value is a fresh lock.
-func decodeLock(value []byte, limit int) (permitState, error) {
-	if limit == 0 {
-		return decodeRWLock(value)
-	}
-	return decodeSemaphoreLock(value, limit)
-}
-
-// encodeLock is the inverse of decodeLock.
-func encodeLock(st permitState) []byte {
-	if st.limit == 0 {
-		return encodeRWLock(st)
-	}
-	return encodeSemaphoreLock(st)
-}
-
 // semaphoreLock is api.Semaphore's lock value.
 type semaphoreLock struct {
 	Limit   int

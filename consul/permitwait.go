@@ -13,9 +13,8 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// How a permit is taken: TryLock's one shot and Lock's wait (steps 1, 3
-// and 4 of docs/DESIGN.md, "Consul semaphore and read-write lock"), run by
-// the driver (acquire.go).
+// How a permit is taken (steps 1, 3 and 4 of docs/DESIGN.md, "Consul
+// semaphore and read-write lock"), run by the driver (acquire.go).
 
 // acquire runs Lock (try false) or TryLock, reentrant if reentry is set.
 func (p *permits) acquire(ctx context.Context, exclusive, try bool, reentry *core.Reentry[*Grant]) (*Grant, error) {
@@ -54,15 +53,10 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-// leftover removes what a failed acquisition or Downgrade may have left:
-// our key, and our place among the holders.
+// leftover removes what a failed acquisition or Downgrade left: our key,
+// our place among the holders.
 func (p *permits) leftover() leftover {
-	return leftover{name: p.name, fn: func(ctx context.Context) error {
-		if err := p.leave(ctx, leaveCleanup); !errors.Is(err, holdfast.ErrNotHeld) {
-			return err
-		}
-		return nil // our session no longer holds the key: nothing to remove
-	}}
+	return leftover{name: p.name, fn: func(ctx context.Context) error { return p.leave(ctx, leaveCleanup) }}
 }
 
 // try is TryLock: one read; if a permit is free and nobody waits, one
@@ -97,34 +91,34 @@ func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, try, after bool) (u
 		return 0, fmt.Errorf("%w: %s changed meanwhile", holdfast.ErrLocked, a.p.name)
 	case rb != nil:
 		return 0, nil
+	case err == nil && (len(resp.Results) < 2 || resp.Results[1].KV == nil):
+		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	case err != nil:
 		return 0, err
-	case len(resp.Results) < 2 || resp.Results[1].KV == nil || resp.Results[1].KV.Key != a.p.myKey:
-		return 0, errors.New("holdfast/consul: acquire: Consul's answer has no entry for our key")
 	}
 	return resp.Results[1].KV.ModifyIndex, nil
 }
 
-// send sends a transaction that writes our key (what: for errors). An ACL
-// refusal and the end of our session are errors; another rollback is
-// returned as it is (the keys changed).
+// send sends a transaction that writes our key. The end of our session is
+// its error; a race (the keys changed) is an error wrapping the *rollback,
+// an ACL refusal one that does not (see txnError).
 func (a *pacq) send(ctx context.Context, what string, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
 	a.left = true
 	resp, err := a.p.write(ctx, ops, after)
 	var rb *rollback
 	switch {
-	case errors.As(err, &rb) && rb.denied():
-		return nil, txnError(what+" "+a.p.name, rb)
-	case rb != nil && (rb.sessionGone() || rb.lockDelayed()):
+	case errors.As(err, &rb) && (rb.sessionGone() || rb.lockDelayed()):
 		return nil, a.p.s.ended()
-	case err != nil && rb == nil:
+	case rb != nil:
+		return nil, txnError(what+" "+a.p.name, rb)
+	case err != nil:
 		a.uncertain = true
 	}
 	return resp, err
 }
 
-// enter creates our contender key, replacing a leftover of ours so that our
-// place is at the back, and reads the subtree, in one transaction.
+// enter creates our contender key at the back of the queue (replacing a
+// leftover of ours) and reads the subtree, in one transaction.
 func (a *pacq) enter(ctx context.Context) (pview, error) {
 	p := a.p
 	val := p.shared
@@ -136,14 +130,10 @@ func (a *pacq) enter(ctx context.Context) (pview, error) {
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.myKey, Session: p.s.id, Flags: p.flags, Value: []byte(val)}},
 		kvOp(api.KVGetTree, p.prefix),
 	}, false)
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return pview{}, txnError("join "+p.name, rb)
-	case err != nil:
+	if err != nil {
 		return pview{}, err
 	}
-	return p.parse(resp.Results), nil
+	return p.parse(latest(resp.Results)), nil
 }
 
 // wait is Lock: join, then wait in the queue until admitted.
@@ -176,7 +166,7 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 	}
 }
 
-// waitOnce is one wait of ours, queued in v; 0: the caller reads again.
+// waitOnce is one wait, queued in v; 0: the caller reads again.
 func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, error) {
 	if v.pos > 0 { // 3. behind others
 		return a.behind(ctx, v, v.waiters[v.pos-1])
@@ -185,20 +175,18 @@ func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, error) {
 	if !full {
 		return token, err
 	}
-	// Patient only if .lock moved since we joined (releases are handing
-	// permits on); else its holders may be dead: watch the subtree at once.
+	// Patient only if .lock moved since we joined (releases hand permits
+	// on); else its holders may be dead: watch the subtree at once.
 	return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 }
 
-// handoffPatience is how long the head first waits on its own key, which a
-// holdfast release that admits it marks, before it watches the subtree for
-// a holder's key gone with its session too.
+// handoffPatience is how long the head waits on its own key, which a
+// release that admits it marks, before it watches the subtree too.
 const handoffPatience = 250 * time.Millisecond
 
-// behind waits for the key of pred, the waiter just ahead of us, to change
-// (at most blockWait): the write that admits us admits pred too and marks it
-// valHeldNext (its index is our token too); valHeld: pred was admitted
-// alone, we are the head. 0: the caller reads again.
+// behind waits (at most blockWait) for the key of pred, the waiter just
+// ahead of us, to change: valHeldNext, the write that admitted pred admitted
+// us too; valHeld, we are the head. 0: the caller reads again.
 func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, error) {
 	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, blockWait)
 	switch {
@@ -212,11 +200,10 @@ func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, err
 	return 0, nil
 }
 
-// atHead is the wait of the head of the queue, whose view v has no room for
-// it. If patient (no foreign contender, whose release hands nothing over,
-// is about), it first waits on its own key for handoffPatience; then on the
-// subtree, as api.Semaphore's waiter does, and admits itself once there is
-// room. 0: the caller reads again.
+// atHead is the wait of the head, whose view v has no room for it: if
+// patient, on its own key for handoffPatience; then on the subtree, as
+// api.Semaphore's waiter does, admitting itself once there is room. 0: the
+// caller reads again.
 func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error) {
 	p := a.p
 	if patient {
@@ -225,7 +212,7 @@ func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error
 		case err != nil:
 			return 0, err
 		case pair == nil:
-		case pair.Session == p.s.id && (string(pair.Value) == valHeld || string(pair.Value) == valHeldNext):
+		case pair.Session == p.s.id && held(string(pair.Value)):
 			return pair.ModifyIndex, nil
 		default:
 			return 0, nil // our key changed otherwise
@@ -236,7 +223,7 @@ func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error
 		if err != nil || pairs == nil {
 			return 0, err
 		}
-		v = p.parseKVs(pairs)
+		v = p.parse(pairs)
 		v.index = index
 		p.s.dropDead(ctx, v.dead)
 		switch {
@@ -251,8 +238,8 @@ func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error
 	}
 }
 
-// tryHead admits us, the head of v's queue, with the waiters behind us that
-// fit, if v has room; full: it has none for us.
+// tryHead admits us, the head of v's queue, and the waiters behind us that
+// fit; full: v has no room for us.
 func (a *pacq) tryHead(ctx context.Context, v pview) (token uint64, full bool, err error) {
 	p := a.p
 	st, in := p.admit(v.st, v.waiters)

@@ -11,12 +11,11 @@ import (
 
 // RWMutex is a distributed, fair (FIFO), fenced read-write lock on Consul:
 // readers share it, a writer excludes everyone, and a reader queued behind
-// a writer waits, so writers do not starve. Its keys are Semaphore's layout
-// with flags of its own (RWMutexFlagValue); another kind of lock on its name
-// fails with an error wrapping holdfast.ErrConflict. A grant's token is the
-// ModifyIndex of the write that admitted it: a fence refusing tokens below
-// the highest seen refuses a stale writer, and a stale reader after a newer
-// writer. One grant per session per name at a time.
+// a writer waits. Its keys are Semaphore's layout with RWMutexFlagValue;
+// another kind of lock on its name is an error wrapping
+// holdfast.ErrConflict. Tokens are as Semaphore's: a fence refuses a stale
+// writer, and a stale reader after a newer writer. One grant per session
+// per name at a time.
 type RWMutex struct {
 	p *permits
 }
@@ -37,8 +36,7 @@ func NewRWMutex(s *Session, name string, opts ...holdfast.LockOption) (*RWMutex,
 	return &RWMutex{p: p}, nil
 }
 
-// Lock waits for the write lock (see Semaphore.Lock for errors, ctx and
-// cleanup).
+// Lock waits for the write lock (see Semaphore.Lock).
 func (m *RWMutex) Lock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, true, false, nil)
 }
@@ -56,8 +54,7 @@ func (m *RWMutex) RLock(ctx context.Context) (*Grant, error) {
 }
 
 // TryRLock takes a read lock only if no writer holds the lock and nobody
-// waits; otherwise it returns an error wrapping holdfast.ErrLocked, having
-// written nothing.
+// waits; otherwise it returns an error wrapping holdfast.ErrLocked.
 func (m *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, true, nil)
 }

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
-	"github.com/hashicorp/go-cleanhttp"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
@@ -190,24 +188,13 @@ func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, er
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	cfg := api.DefaultConfig()
-	if addr != "" {
-		cfg.Address = addr
-	}
-	tr := cleanhttp.DefaultPooledTransport()
-	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
-	tr.TLSHandshakeTimeout = dialTimeout
-	cfg.Transport = tr
 	sc, err := newSessionConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	if err := sc.dial.apply(cfg, tr); err != nil {
-		return nil, err
-	}
-	client, err := api.NewClient(cfg)
+	client, cfg, tr, err := sc.dial.client(addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: holdfast/consul: client for %q: %w", holdfast.ErrInvalidArgument, addr, err)
+		return nil, err
 	}
 	s, err := openSession(ctx, client, tr, sc)
 	if err != nil {
@@ -233,7 +220,7 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.dial.dialOnly(); err != nil {
+	if err := cfg.dial.DialOnly("the token and TLS (api.Config Token, TLSConfig)"); err != nil {
 		return nil, err
 	}
 	return openSession(ctx, client, nil, cfg)

@@ -69,14 +69,21 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 }
 
 // The Mutex's and the Election's acquisition is a joiner: something of
-// it may be left once it queued or a write got no answer.
+// it may be left once it queued or a write got no answer; its grant, a
+// child of the session's context, is released through it.
 
 func (a *acquisition) cleanup() (leftover, bool, bool) {
 	return leftover{name: a.m.name, m: a.m}, a.queueIndex != 0 || a.uncertain, a.uncertain
 }
 
 func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
-	return a.m.grant(token, a, free)
+	s := a.m.s
+	g := &Grant{s: s, prefix: a.m.prefix(), rel: a}
+	g.base = core.NewGrant(s.keeper, s.bg, a.m.lockKey(), holdfast.Token(token), (*ending)(g), free)
+	if s.hold(g); g.Context().Err() != nil {
+		return nil, s.alive() // the session ended: Close releases the key
+	}
+	return g, nil
 }
 
 // slot takes the session's slot of name (try: only if free, else an error

@@ -32,28 +32,17 @@ type Once struct {
 	sched  holdfast.Schedule
 }
 
-// NewOnce returns the claim called name, made through session s on
-// schedule sched. The name follows holdfast.ValidateName. sched.AtMost must
-// lie between 2 x MinTTL (20 s) and 2 x MaxTTL; otherwise, or if sched is
-// not valid, the error wraps holdfast.ErrInvalidArgument.
+// NewOnce returns the claim called name, made through s on schedule sched,
+// whose AtMost must lie between 2 x MinTTL and 2 x MaxTTL (else an error
+// wrapping holdfast.ErrInvalidArgument).
 func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
-	if s == nil {
-		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
-	}
-	if err := holdfast.ValidateName(name); err != nil {
+	if err := core.CheckOnce(s != nil, name, sched, 2*MinTTL, 2*MaxTTL); err != nil {
 		return nil, err
-	}
-	if err := sched.Validate(); err != nil {
-		return nil, err
-	}
-	if sched.AtMost < 2*MinTTL || sched.AtMost > 2*MaxTTL {
-		return nil, fmt.Errorf("%w: AtMost %v is not between %v and %v (twice Consul's session TTL bounds)", holdfast.ErrInvalidArgument, sched.AtMost, 2*MinTTL, 2*MaxTTL)
 	}
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
-// Claim claims the period that this process's wall clock is in now
-// (Schedule.Period(time.Now())).
+// Claim claims the period that the wall clock is in now.
 func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 	return o.ClaimPeriod(ctx, o.sched.Period(time.Now()))
 }
@@ -73,7 +62,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	}
 	period = period.UTC()
 	if claimPeriodOver(period, o.sched.Every, time.Now()) {
-		return nil, o.over(period)
+		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
@@ -114,7 +103,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 		case err != nil:
 			return nil, err
 		case claimPeriodOver(period, o.sched.Every, got):
-			return nil, o.over(period)
+			return nil, core.PeriodOver(o.name, period, o.sched.Every)
 		}
 		return o.claim(id, period, token, sent, got), nil
 	}
@@ -162,13 +151,7 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 // transaction with index token, answered at got.
 func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.Time) *Claim {
 	c := &Claim{o: o, id: id, period: period, made: got}
-	ttl := o.sched.AtMost / 2
-	keeper := core.NewKeeper(sent, ttl, ttl/5)
-	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(token), core.ReleaseFunc(c.release), func() {
-		endWithSession()
-		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
-	})
+	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, o.sched.AtMost/2, core.ReleaseFunc(c.release))
 	return c
 }
 
@@ -196,10 +179,9 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 // that nothing is left when the process exits right after.
 const claimCleanup = 2 * time.Second
 
-// dispose runs destroy now, bounded by claimCleanup (ctx's values, not its
-// end); if that fails, again with b in the holdfast session's background
-// while it lives, for at most within (0: no bound). The claim session
-// expires by its TTL anyway.
+// dispose runs destroy now, within claimCleanup (ctx's values, not its
+// end); if that fails, with b in the session's background, for at most
+// within (0: no bound). The claim session expires by its TTL anyway.
 func (o *Once) dispose(ctx context.Context, b core.Backoff, within time.Duration, destroy func(context.Context) error) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
 	err := destroy(dctx)
@@ -247,11 +229,6 @@ func (o *Once) destroy(ctx context.Context, id string) error {
 	return nil
 }
 
-// over is the error of a claim of period made after the period's end.
-func (o *Once) over(period time.Time) error {
-	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
-}
-
 // refusedBy is the error of a claim of period that the record rec (nil:
 // absent) refuses, or nil.
 func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
@@ -270,7 +247,7 @@ func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
 }
 
 // running is the error of a claim of period refused because a run holds
-// the mark; it reads the mark (best effort, within ctx) to say which.
+// the mark, which it reads (best effort) to say which.
 func (o *Once) running(ctx context.Context, period time.Time) error {
 	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -283,8 +260,7 @@ func (o *Once) running(ctx context.Context, period time.Time) error {
 	return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), e.ModifyIndex)
 }
 
-// fail is the error of a failed claim: the session's end, ctx's error, or
-// the store's.
+// fail is the error of a failed claim: the session's end, ctx's, or err.
 func (o *Once) fail(ctx context.Context, err error) error {
 	if serr := o.s.alive(); serr != nil {
 		return fmt.Errorf("holdfast/consul: claim %s: %w", o.name, serr)
@@ -331,15 +307,10 @@ func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 // destroys the claim's session, which deletes the run's mark (if ctx ends
 // first, in the background).
 func (c *Claim) Unlock(ctx context.Context) error {
-	if ctx == nil {
-		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	core.WaitAtLeast(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
-	return c.base.Unlock(ctx)
+	return core.UnlockClaim(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
 }
 
-// Guard returns the operation that succeeds exactly while this claim is
-// held: a check-session of the run's mark on the claim's own session.
+// Guard returns the operation that succeeds exactly while the claim is held.
 func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.run, c.id)} }
 
 // Txn runs ops in one transaction that applies only while the claim is held

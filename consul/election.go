@@ -11,12 +11,10 @@ import (
 )
 
 // Election is a leader election on Consul's documented pattern: the leader
-// is the session that holds "<name>/.lock" (flagged like api.Lock's, which
-// excludes api.Lock and `consul lock` users and the other way round), with
-// its proposal as value. Candidates wait in the Mutex's FIFO queue;
-// resigning deletes the key. The term is the ModifyIndex of the write that
-// took the key (docs/DESIGN.md, "Elections"). An Election belongs to one
-// Session; Campaign calls through it take turns.
+// holds "<name>/.lock" (a Mutex's key, so api.Lock excludes it) with its
+// proposal as value; candidates wait in the Mutex's FIFO queue. The term is
+// the ModifyIndex of the write that took the key (docs/DESIGN.md,
+// "Elections"). Campaign calls through one Election take turns.
 type Election struct {
 	m *Mutex // the lock key and the queue; Lock is never called on it
 
@@ -37,11 +35,9 @@ func NewElection(s *Session, name string) (*Election, error) {
 // Name returns the election's name.
 func (e *Election) Name() string { return e.m.name }
 
-// Campaign queues this session as a candidate and waits until it holds the
-// lock key with value (holdfast candidates in order of arrival), with the
-// errors and cleanup of Mutex.Lock. The grant's Token is the term, its
-// Context ends when leadership is lost, and its Unlock (or Resign) deletes
-// the key, guarded by our session holding it.
+// Campaign waits in the queue until this session holds the lock key with
+// value, with the errors and cleanup of Mutex.Lock. The grant's Token is
+// the term; its Unlock (or Resign) deletes the key, guarded.
 func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	if value == nil {
 		value = []byte{} // a campaign has a value (see acquisition.campaign)
@@ -56,8 +52,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	return g, nil
 }
 
-// current returns the leadership we hold, or an error wrapping
-// holdfast.ErrNotHeld.
+// current returns the leadership held, or fails with holdfast.ErrNotHeld.
 func (e *Election) current() (*Grant, error) {
 	e.mu.Lock()
 	g := e.cur
@@ -81,11 +76,10 @@ func (e *Election) Resign(ctx context.Context) error {
 	return g.Unlock(ctx)
 }
 
-// Proclaim replaces the leader's value while this Election leads, in one
-// transaction guarded by our session holding the key (the term stays). If
-// it does not lead, nothing is written and the error wraps
-// holdfast.ErrNotHeld; a guard that fails in Consul also ends the
-// leadership.
+// Proclaim replaces the leader's value, keeping the term, in one
+// transaction guarded by our session holding the key. If this Election
+// does not lead, nothing is written and the error wraps holdfast.ErrNotHeld
+// (a guard that fails in Consul also ends the leadership).
 func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -94,9 +88,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if err != nil {
 		return err
 	}
-	s := e.m.s
-	// An acquire by the holder keeps the key's session, CreateIndex and
-	// LockIndex (a set would zero LockIndex).
+	s := e.m.s // an acquire by the holder keeps its CreateIndex and LockIndex
 	_, err = s.guardedTxn(ctx, g.Key(), proclaimGuard(g), api.TxnOps{lockOp(g.Key(), s.id, value)}, func() error {
 		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (Proclaim's check failed)", holdfast.ErrLost, g.Key(), s.id))
 		s.checkSoon()
@@ -143,57 +135,26 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 }
 
 // Observe delivers the current leader (the zero holdfast.Leader for none),
-// then every change it sees, in order of terms, until ctx or the session
-// ends, or Consul refuses the query (an ACL); then the channel is closed
-// (at once for a nil ctx). Changes between two answers of its blocking
-// queries, or while the reader is slow, coalesce; a Proclaim's value comes
-// again with the same term. A store outage is retried, not reported.
+// then each change it sees, in order of terms, until ctx or the session
+// ends or Consul refuses the query (then the channel is closed). Changes
+// while the reader is slow coalesce; a store outage is retried.
 func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
-	out := make(chan holdfast.Leader)
+	latest := make(chan holdfast.Leader, 1) // the newest unread leader
 	if ctx == nil {
-		close(out)
-		return out
+		close(latest)
+		return latest
 	}
 	ctx, stop := e.m.s.bind(ctx)
-	latest := make(chan holdfast.Leader, 1)
 	go func() {
 		defer close(latest)
+		defer stop()
 		e.follow(ctx, latest)
 	}()
-	go func() {
-		defer stop()
-		defer close(out)
-		deliver(ctx, latest, out)
-	}()
-	return out
-}
-
-// deliver sends out the leaders received from latest, only the newest if
-// out's reader is slower, until latest is closed or ctx ends (then it
-// drains latest until follow closes it).
-func deliver(ctx context.Context, latest <-chan holdfast.Leader, out chan<- holdfast.Leader) {
-	var pending holdfast.Leader
-	var send chan<- holdfast.Leader // out while pending is unsent
-	for {
-		select {
-		case l, ok := <-latest:
-			if !ok {
-				return
-			}
-			pending, send = l, out
-		case send <- pending:
-			send = nil
-		case <-ctx.Done():
-			for range latest {
-			}
-			return
-		}
-	}
+	return latest
 }
 
 // follow puts the leader in latest (replacing what is unread) each time it
-// changes, first the current one, until ctx ends or a query is refused
-// (see Session.block).
+// changes, until ctx ends or a query is refused (see Session.block).
 func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
 	var last holdfast.Leader
 	var index uint64
@@ -215,7 +176,8 @@ func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
 			return
 		}
 		l := leaderOf(kv)
-		if !first && (sameLeader(l, last) || !l.None() && !last.None() && l.Term < last.Term) {
+		same := l.Key == last.Key && l.Term == last.Term && string(l.Value) == string(last.Value)
+		if !first && (same || !l.None() && !last.None() && l.Term < last.Term) {
 			continue // unchanged, or an older answer: terms only go up
 		}
 		last = l
@@ -225,10 +187,4 @@ func (e *Election) follow(ctx context.Context, latest chan holdfast.Leader) {
 		}
 		latest <- l
 	}
-}
-
-// sameLeader reports whether a and b are the same leader with the same
-// value.
-func sameLeader(a, b holdfast.Leader) bool {
-	return a.Key == b.Key && a.Term == b.Term && string(a.Value) == string(b.Value)
 }

@@ -5,17 +5,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 )
 
-// The queue's keys (docs/DESIGN.md, "Consul acquire"): the lock key's value
-// while a holdfast Mutex holds it; under a queue entry E, E/next/<W> (the
-// link of the waiter W right behind E, acquired with W's session, value W's
-// CreateIndex), E/prev/<P> (E's anchor on its predecessor P, acquired with
-// P's session) and E/held (written by the handoff to E); the tail key,
-// naming the entry created last.
+// The lock key's value while a Mutex holds it; the keys under a queue
+// entry and the tail key (docs/DESIGN.md, "Consul acquire").
 const (
 	valueTaken = "holdfast"
 	nextInfix  = "/next/"
@@ -35,8 +30,8 @@ func (m *Mutex) entry(session string, index uint64) waiter {
 	return waiter{key: m.queuePrefix() + session, session: session, index: index}
 }
 
-// tokenOf returns the fencing token of the grant that holds lock: the
-// ModifyIndex of the write that acquired it (api.Lock's holders too).
+// tokenOf returns the fencing token of lock's holder: the ModifyIndex of
+// the write that acquired it.
 func tokenOf(lock *api.KVPair) uint64 { return lock.ModifyIndex }
 
 // tailEntry returns the entry that the tail key names: "<session>" (its
@@ -57,18 +52,6 @@ func (m *Mutex) tailEntry(tail *api.KVPair) (waiter, bool) {
 	return m.entry(session, index), true
 }
 
-// entryValue is our queue entry's value: our session's lock-delay in ms,
-// which applies if we hold the lock before the waiter behind us and die.
-func (m *Mutex) entryValue() []byte {
-	return strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
-}
-
-// entryDelay returns the lock-delay that entry e's value states.
-func entryDelay(e *api.KVPair) (time.Duration, bool) {
-	ms, err := strconv.ParseInt(string(e.Value), 10, 64)
-	return time.Duration(ms) * time.Millisecond, err == nil && ms >= 0
-}
-
 // txnKVs returns the keys of a transaction's results.
 func txnKVs(results []*api.TxnResult) api.KVPairs {
 	pairs := make(api.KVPairs, 0, len(results))
@@ -86,8 +69,7 @@ type view struct {
 	queue, dead []*api.KVPair // live entries by CreateIndex; keys whose session is gone
 	me          *api.KVPair   // our live entry
 	other       string        // a live key of a longer name, if any
-	// Under our entry: the latest live link behind it, our latest anchor,
-	// the held mark.
+	// Under our entry: the latest link, our latest anchor, the held mark.
 	next         *waiter
 	anchor, held *api.KVPair
 	// holders are the sessions whose entry has a held mark.

@@ -18,7 +18,6 @@ import (
 type MultiMutex struct {
 	s     *Session
 	names []string
-	ms    []*Mutex
 }
 
 // NewMultiMutex returns the lock of names (each holdfast.ValidateName),
@@ -29,18 +28,13 @@ func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
 	}
 	sorted, err := core.MultiNames(names)
+	if err == nil {
+		err = s.alive()
+	}
 	if err != nil {
 		return nil, err
 	}
-	m := &MultiMutex{s: s, names: sorted}
-	for _, n := range sorted {
-		mu, err := NewMutex(s, n)
-		if err != nil {
-			return nil, err
-		}
-		m.ms = append(m.ms, mu)
-	}
-	return m, nil
+	return &MultiMutex{s: s, names: sorted}, nil
 }
 
 // Lock takes every name in canonical order, each waiting in its FIFO
@@ -58,22 +52,18 @@ func (m *MultiMutex) lock(ctx context.Context, try bool) (*MultiGrant, error) {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
 	multi, err := core.LockAll(ctx, m.names, func(ctx context.Context, i int) (*Grant, error) {
-		if try {
-			return m.ms[i].TryLock(ctx)
-		}
-		return m.ms[i].Lock(ctx)
+		return (&Mutex{s: m.s, name: m.names[i]}).lock(ctx, try) // each an ordinary Mutex
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &MultiGrant{multi: multi, s: m.s}, nil
+	return &MultiGrant{multi: multi}, nil
 }
 
 // MultiGrant is a held multi-name lock: one Grant per name, each fencing
 // the writes that concern its name; Txn guards a write by every name.
 type MultiGrant struct {
 	multi *core.Multi[*Grant]
-	s     *Session
 }
 
 // Names returns the names, sorted.
@@ -122,6 +112,7 @@ func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse,
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
 	parts := g.multi.Parts()
+	s := parts[0].s
 	if len(ops)+len(parts) > MaxTxnOps {
 		return nil, fmt.Errorf("%w: %d operations and %d guards: more than %d", holdfast.ErrInvalidArgument, len(ops), len(parts), MaxTxnOps)
 	}
@@ -135,9 +126,9 @@ func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse,
 	if !g.multi.Held() {
 		return nil, g.multi.NotHeld()
 	}
-	return g.s.guardedTxn(ctx, fmt.Sprint(g.multi.Names()), guard, ops, func() error {
-		g.multi.Lose(fmt.Errorf("%w: a part's lock key is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.s.id))
-		g.s.checkSoon()
+	return s.guardedTxn(ctx, fmt.Sprint(g.multi.Names()), guard, ops, func() error {
+		g.multi.Lose(fmt.Errorf("%w: a part's lock key is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, s.id))
+		s.checkSoon()
 		return g.multi.NotHeld()
 	})
 }

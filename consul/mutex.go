@@ -10,9 +10,8 @@ import (
 	"github.com/holdfast/holdfast/internal/options"
 )
 
-// lockSuffix and queueInfix make a name's lock key (`consul lock <name>`'s
-// and api.Lock's with that Key) and queue prefix; cleanupGrace is how long
-// a Lock whose ctx ended still waits for its cleanup.
+// A name's lock key (`consul lock <name>`'s) and queue prefix; how long a
+// Lock whose ctx ended still waits for its cleanup.
 const (
 	lockSuffix   = "/.lock"
 	queueInfix   = "/.queue/"
@@ -38,9 +37,7 @@ type Mutex struct {
 	reentry core.Reentry[*Grant]
 }
 
-// The keys of the lock, derived from (name, session): "<name>/" (under
-// which a live lock of another name conflicts), the lock key, the tail key,
-// the queue prefix and our queue entry (docs/DESIGN.md, "Consul acquire").
+// The lock's keys, from (name, session) (docs/DESIGN.md, "Consul acquire").
 func (m *Mutex) prefix() string      { return m.name + "/" }
 func (m *Mutex) lockKey() string     { return m.name + lockSuffix }
 func (m *Mutex) tailKey() string     { return m.name + tailSuffix }
@@ -49,9 +46,8 @@ func (m *Mutex) queueKey() string    { return m.name + queueInfix + m.s.id }
 
 var _ holdfast.GrantLocker[*Grant] = (*Mutex)(nil)
 
-// NewMutex returns the lock called name, taken through session s. The name
-// follows holdfast.ValidateName (no leading "/", no segment starting with
-// "."). Options: holdfast.WithReentrant.
+// NewMutex returns the lock called name (holdfast.ValidateName), taken
+// through session s. Options: holdfast.WithReentrant.
 func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
@@ -83,17 +79,4 @@ func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.lock(ctx
 
 func (m *Mutex) lock(ctx context.Context, try bool) (*Grant, error) {
 	return acquire(ctx, m.s, m.name, try, &m.reentry, &acquisition{m: m})
-}
-
-// grant wraps the lock key acquired by a (its releaser) in a Grant, a
-// child of the session's context; free frees the name in-process once the
-// grant has ended in Consul.
-func (m *Mutex) grant(token uint64, a *acquisition, free func()) (*Grant, error) {
-	g := &Grant{s: m.s, prefix: m.prefix(), rel: a}
-	g.base = core.NewGrant(m.s.keeper, m.s.bg, m.lockKey(), holdfast.Token(token), (*ending)(g), free)
-	m.s.hold(g)
-	if g.Context().Err() != nil {
-		return nil, m.s.alive() // the session ended: Close releases the key
-	}
-	return g, nil
 }

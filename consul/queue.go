@@ -21,24 +21,22 @@ const (
 	delayRetryMax = 500 * time.Millisecond
 )
 
-// acquisition is one Lock, TryLock or Campaign in progress, and then its
-// grant's releaser (release.go). Something of ours may be in Consul (see
-// cleanup) once we queued or a write got no answer (uncertain).
+// acquisition is one Lock, TryLock or Campaign in progress, then its
+// grant's releaser (release.go).
 type acquisition struct {
 	m     *Mutex
 	value []byte // a Campaign's proposal (campaign.go); nil for a Mutex
-	// since is the CreateIndex of our first queue entry (a lock key held by
-	// our session through a later write was handed to us), queueIndex that
-	// of our latest, tailIndex the tail key's ModifyIndex as we set it
-	// (plainTail: written plain, see relockTail).
+	// CreateIndex of our first entry and latest entry; the tail key's
+	// ModifyIndex as we set it (plainTail: see relockTail); a write of
+	// ours got no answer.
 	since, queueIndex, tailIndex uint64
 	plainTail, uncertain         bool
-	// pred is the entry ahead of ours (nil: the head); linked says our link
-	// and anchor on it are written, lost that we must read the queue.
+	// The entry ahead of ours (nil: the head); our link and anchor on it
+	// are written; we must read the queue.
 	pred         *waiter
 	linked, lost bool
-	// mine is the index of our entry's subtree as last seen, next the
-	// waiter linked behind us: whom the grant hands the lock to.
+	// The index of our entry's subtree as last seen; the waiter linked
+	// behind us, whom the grant hands the lock to.
 	mine  uint64
 	next  *waiter
 	delay lockDelay
@@ -46,15 +44,6 @@ type acquisition struct {
 
 // campaign reports whether this is an Election's Campaign.
 func (a *acquisition) campaign() bool { return a.value != nil }
-
-// outcome is what an attempt to take the lock key came to.
-type outcome int
-
-const (
-	taken   outcome = iota // we hold the lock key
-	busy                   // another session holds it, or it changed since read
-	delayed                // a lock-delay is in effect on it
-)
 
 // join is the waiting algorithm (TryLock's if try) and returns the token;
 // steps as in docs/DESIGN.md ("Consul acquire").
@@ -67,8 +56,7 @@ func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) {
 		return 0, err
 	}
 	if len(names) == 0 {
-		token, out, err := a.take(ctx, nil, nil, true)
-		if err != nil || out == taken {
+		if token, _, err := a.take(ctx, nil, nil, true); err != nil || token != 0 {
 			return token, err
 		}
 	}
@@ -80,7 +68,7 @@ func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) {
 }
 
 // try is TryLock's step 1: it takes the lock only if it is free and no live
-// entry queues; otherwise the error wraps holdfast.ErrLocked.
+// entry queues, else fails with holdfast.ErrLocked.
 func (a *acquisition) try(ctx context.Context) (uint64, error) {
 	m := a.m
 	v, err := m.readChecked(ctx)
@@ -88,14 +76,14 @@ func (a *acquisition) try(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	m.s.dropDead(ctx, v.dead)
-	out := busy
+	var token uint64
+	delayed := false
 	if free(v.lock) && v.waiting() == 0 {
-		var token uint64
-		if token, out, err = a.take(ctx, v.lock, v.tail, true); err != nil || out == taken {
+		if token, delayed, err = a.take(ctx, v.lock, v.tail, true); err != nil || token != 0 {
 			return token, err
 		}
 	}
-	if out == delayed {
+	if delayed {
 		return 0, fmt.Errorf("%w: %s is in its lock-delay after its holder's session ended", holdfast.ErrLocked, m.name)
 	}
 	return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
@@ -127,8 +115,8 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	}
 }
 
-// reread reads the queue (step 3 with a read), dropping our link under the
-// predecessor we knew, and returns the lock key; our entry gone: step 2.
+// reread is step 3 with a read (dropping our old link), and returns the
+// lock key; our entry gone: step 2.
 func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	var drop api.TxnOps
@@ -158,9 +146,8 @@ func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	return v.lock, nil
 }
 
-// block waits for our entry's subtree to change (step 4) and returns the
-// token if it holds our held mark (step 5); our entry or anchor gone sets
-// lost.
+// block is steps 4 and 5: it waits for our entry's subtree to change, and
+// returns the token if it holds our held mark.
 func (a *acquisition) block(ctx context.Context) (uint64, error) {
 	pairs, index, err := a.m.s.watchTree(ctx, a.m.queueKey(), a.mine, 0)
 	if err != nil {
@@ -180,8 +167,7 @@ func (a *acquisition) block(ctx context.Context) (uint64, error) {
 	case v.held != nil && v.held.ModifyIndex > a.since:
 		return a.handed(ctx, v.held.ModifyIndex)
 	case v.anchor == nil || v.anchor.Session != a.pred.session:
-		// Our predecessor left, or its session ended: then its
-		// lock-delay applies from now, if it held the lock.
+		// It left, or its session ended (its lock-delay starts if it held).
 		a.delay.from(v.anchor != nil && a.delay.holder == a.pred.session)
 		a.lost = true
 	}
@@ -199,11 +185,11 @@ func (a *acquisition) atHead(ctx context.Context, lock *api.KVPair) (uint64, *ap
 	if err := m.deadLock(ctx, lock); err != nil {
 		return 0, nil, err
 	}
-	token, out, err := a.take(ctx, lock, nil, false)
+	token, delayed, err := a.take(ctx, lock, nil, false)
 	switch {
-	case err != nil || out == taken:
+	case err != nil || token != 0:
 		return token, nil, err
-	case out == delayed:
+	case delayed:
 		if !sleep(ctx, a.delay.left()) {
 			return 0, nil, ctx.Err()
 		}
@@ -261,16 +247,16 @@ func (a *acquisition) link(ctx context.Context) error {
 	for _, e := range txnKVs(resp.Results) {
 		if e.Key != p.key {
 			a.mine = max(a.mine, e.ModifyIndex)
-		} else if d, ok := entryDelay(e); ok {
-			a.delay.delay, a.delay.known = d, true
+		} else if ms, err := strconv.ParseInt(string(e.Value), 10, 64); err == nil && ms >= 0 {
+			a.delay.delay, a.delay.known = time.Duration(ms)*time.Millisecond, true // its value
 		}
 	}
 	a.linked = true
 	return nil
 }
 
-// waitRelease blocks until the held lock key changes and returns it. It
-// learns the holder's lock-delay first, while its session exists.
+// waitRelease blocks until the held lock key changes and returns it,
+// having learnt the holder's lock-delay while its session exists.
 func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.KVPair, error) {
 	if lock.Session != a.delay.holder {
 		a.delay.holder = lock.Session
@@ -294,8 +280,7 @@ type lockDelay struct {
 	notBefore    time.Time
 }
 
-// from forgets the end we waited for; if started, the delay of the holder
-// we saw (if known) starts now.
+// from forgets the end we waited for; if started, the holder's starts now.
 func (d *lockDelay) from(started bool) {
 	d.notBefore, d.guess, d.pause = time.Time{}, false, 0
 	if started && d.known {
@@ -308,8 +293,8 @@ func (d *lockDelay) from(started bool) {
 // delayRetryMax, cut at a guessed end (TestWokenWaiterHolderDelay).
 func (d *lockDelay) left() time.Duration {
 	if d.notBefore.IsZero() && d.known {
-		// Our predecessor's anchor was deleted (Behavior delete): if it
-		// held the lock last, its delay started at most now.
+		// Our predecessor's anchor was deleted: if it held last, its delay
+		// started at most now.
 		d.notBefore, d.guess = time.Now().Add(d.delay), true
 	}
 	rest := time.Until(d.notBefore)
@@ -327,8 +312,9 @@ func (d *lockDelay) left() time.Duration {
 // take acquires the lock key in one transaction guarded by it being as
 // seen, and reads our entry's subtree (whom to hand to). First (not
 // queued), it also creates our entry and points the tail key at it,
-// guarded by the tail being as seen. The token is that write's index.
-func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (uint64, outcome, error) {
+// guarded by the tail being as seen. It returns the token (that write's
+// index; 0: busy, or delayed by a lock-delay).
+func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (token uint64, delayed bool, err error) {
 	m := a.m
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
 		ops := a.takeOps(seen)
@@ -344,20 +330,18 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():
-		return 0, 0, txnError("acquire "+m.lockKey(), rb)
-	case rb != nil && rb.lockDelayed():
-		return 0, delayed, nil
-	case rb != nil && rb.sessionGone():
-		return 0, 0, m.s.ended()
+		return 0, false, txnError("acquire "+m.lockKey(), rb)
+	case rb != nil && !rb.lockDelayed() && rb.sessionGone():
+		return 0, false, m.s.ended()
 	case rb != nil:
-		return 0, busy, nil
+		return 0, rb.lockDelayed(), nil
 	case err != nil:
-		return 0, 0, err
+		return 0, false, err
 	}
 	v := m.parse(txnKVs(resp.Results))
 	if v.lock == nil || v.lock.Session != m.s.id || v.me == nil {
 		a.uncertain = true // the key may be ours: clean up
-		return 0, 0, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry of ours")
+		return 0, false, errors.New("holdfast/consul: acquire: Consul's answer has no lock entry of ours")
 	}
 	if first {
 		a.queued(v.me, plain)
@@ -370,19 +354,20 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		cancel()
 	}
 	a.next, a.mine = v.next, max(a.mine, v.lock.ModifyIndex)
-	return v.lock.ModifyIndex, taken, nil
+	return v.lock.ModifyIndex, false, nil
 }
 
-// queueOps creates our entry (replacing a leftover's subtree) and points
-// the tail key at it.
+// queueOps creates our entry (replacing a leftover's subtree), its value
+// our lock-delay in ms, and points the tail key at it.
 func (m *Mutex) queueOps(plain bool) api.TxnOps {
-	return append(api.TxnOps{kvOp(api.KVDeleteTree, m.queueKey()), acquireOp(m.queueKey(), m.s.id, m.entryValue())},
+	delay := strconv.AppendInt(nil, m.s.cfg.lockDelay.Milliseconds(), 10)
+	return append(api.TxnOps{kvOp(api.KVDeleteTree, m.queueKey()), acquireOp(m.queueKey(), m.s.id, delay)},
 		m.tailOps(m.s.id, []byte(m.s.id), plain)...)
 }
 
-// sendTail sends ops(false) with send, each attempt bounded by
-// requestTimeout; if a lock-delay refused only the tail key's acquire, it
-// sends ops(true), with the tail written plain, and reports so.
+// sendTail sends ops(false) with send, bounded by requestTimeout; if a
+// lock-delay refused only the tail key's acquire, it sends ops(true) (the
+// tail written plain) and reports so.
 func (m *Mutex) sendTail(ctx context.Context, send func(context.Context, api.TxnOps) (*api.TxnResponse, error), ops func(plain bool) api.TxnOps) (resp *api.TxnResponse, plain bool, err error) {
 	for {
 		o := ops(plain)
@@ -409,9 +394,8 @@ func (a *acquisition) queued(me *api.KVPair, plain bool) {
 	}
 }
 
-// enqueue is step 2: one transaction reads the tail key and points it at
-// our new entry (its old entry is our predecessor), and reads the lock key,
-// which it returns. A leftover entry of ours is replaced with its subtree.
+// enqueue is step 2: one transaction reads the tail key (naming our
+// predecessor) and points it at our new entry, and reads the lock key.
 func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
@@ -445,29 +429,20 @@ func (a *acquisition) enqueue(ctx context.Context) (*api.KVPair, error) {
 		return nil, errors.New("holdfast/consul: queue up: Consul's answer has no queue entry of ours")
 	}
 	a.queued(me, plain)
-	a.mine = me.CreateIndex
-	a.behind(tail)
+	a.mine, a.pred, a.linked, a.lost, a.next = me.CreateIndex, nil, false, false, nil
+	if p, ok := m.tailEntry(tail); ok { // our predecessor (ours: read the queue)
+		a.pred, a.lost = &p, p.session == m.s.id
+	} else if tail != nil && tail.ModifyIndex != 0 {
+		a.lost = true // an unreadable tail
+	}
 	if lock != nil && lock.Session == m.s.id && !a.handedToUs(lock) {
-		// Handed to a leftover entry of ours after its cleanup: no grant
-		// holds it (we hold the name in-process); release it, read again.
+		// Handed to a leftover entry of ours: no grant holds it.
 		if err := m.s.releaseKey(ctx, m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return nil, err
 		}
 		lock, a.lost = nil, true
 	}
 	return lock, m.s.wake(ctx, wake)
-}
-
-// behind notes our predecessor: the entry the tail key named before we
-// queued (none: we are the head; our own replaced one or an unreadable
-// tail: read the queue).
-func (a *acquisition) behind(tail *api.KVPair) {
-	a.pred, a.linked, a.lost, a.next = nil, false, false, nil
-	if p, ok := a.m.tailEntry(tail); ok {
-		a.pred, a.lost = &p, p.session == a.m.s.id
-	} else if tail != nil && tail.ModifyIndex != 0 {
-		a.lost = true
-	}
 }
 
 // list returns the names right under "<name>/"; with one not the lock's
@@ -489,9 +464,8 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// readChecked reads the subtree and fails with holdfast.ErrConflict if a
-// live lock of another kind holds the lock key (Mutex.deadLock) or lies
-// under the name (Mutex.compatible).
+// readChecked reads the subtree, failing if a live lock of another kind
+// holds the key (Mutex.deadLock) or lies under it (Mutex.compatible).
 func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 	v, err := m.read(ctx)
 	if err == nil {
@@ -530,10 +504,8 @@ func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
 }
 
 // relockTail acquires the tail key, written plain at index, with session
-// once the lock-delay ends, naming session's entry with CreateIndex entry,
-// so that it goes with that session; in the session's background until it
-// succeeds, the tail key changes, or a session ends (docs/DESIGN.md, "Keys
-// of a dead session", step 2).
+// once the lock-delay ends, naming its entry explicitly, in the session's
+// background (docs/DESIGN.md, "Keys of a dead session", step 2).
 func (m *Mutex) relockTail(session string, entry, index uint64) {
 	m.s.bg.Go(func(ctx context.Context) {
 		_ = core.Backoff{Attempt: requestTimeout, First: delayRetry, Max: delayRetryMax}.Retry(ctx, func(ctx context.Context) error {
@@ -543,9 +515,8 @@ func (m *Mutex) relockTail(session string, entry, index uint64) {
 	})
 }
 
-// relockTailOnce is one attempt of relockTail; it returns the tail key's
-// new ModifyIndex (0: not acquired), and an error if the lock-delay still
-// refuses it or the request failed.
+// relockTailOnce is one attempt of relockTail: the tail key's new index
+// (0: not acquired), an error if it is to be retried.
 func (m *Mutex) relockTailOnce(ctx context.Context, session string, entry, index uint64) (uint64, error) {
 	resp, err := m.s.txn(ctx, api.TxnOps{checkIndex(m.tailKey(), index),
 		acquireOp(m.tailKey(), session, fmt.Appendf(nil, "%s %d", session, entry))})

@@ -21,9 +21,8 @@ const linkWait = 250 * time.Millisecond
 // key, changed since we learnt them: look again.
 var errStale = errors.New("the next waiter or the tail key changed")
 
-// release is the releaser of a grant taken through the queue (see
-// core.Grant): after Unlock it hands the lock over (handOver); after a loss
-// it drops it. Unlock steps: docs/DESIGN.md, "Consul acquire".
+// release ends a grant taken through the queue (see core.Grant): after
+// Unlock it hands the lock over; after a loss it drops it.
 func (a *acquisition) release(ctx context.Context, g *Grant) error {
 	if !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 		return a.drop(ctx, g)
@@ -50,9 +49,8 @@ func (a *acquisition) release(ctx context.Context, g *Grant) error {
 	return err
 }
 
-// drop releases the lock key without handing it over and leaves the queue
-// (after a loss, or as the session closes); a free lock key our ended
-// session left (Behavior release) is deleted, as Session.clean does.
+// drop releases the lock key and leaves the queue (after a loss, or on
+// Close); a free lock key left by our ended session goes too.
 func (a *acquisition) drop(ctx context.Context, _ *Grant) error {
 	m := a.m
 	err := m.s.releaseKey(ctx, m.lockKey())
@@ -117,9 +115,8 @@ func (a *acquisition) handOver(ctx context.Context) error {
 
 // look learns whom to hand the lock to: first (wait) from the link of the
 // waiter that queued behind us, up to linkWait; else from a read of the
-// queue (the first live entry other than ours; none: the tail key's index),
-// dropping dead entries. It fails with holdfast.ErrNotHeld if our session
-// no longer holds the key.
+// queue (none: the tail key's index). It fails with holdfast.ErrNotHeld if
+// our session no longer holds the key.
 func (a *acquisition) look(ctx context.Context, wait bool) error {
 	m := a.m
 	for start := time.Now(); wait && time.Since(start) < linkWait; {

@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/tlsfiles"
@@ -18,14 +20,9 @@ import (
 // dialConfig is what the options that apply to Dial only set: how Dial's
 // own client reaches and authenticates to the agent.
 type dialConfig struct {
-	given    []string // the Dial-only options given, by name, for errors
-	token    tlsfiles.Secret
-	tokenSet bool
-	tls      *tls.Config
-	tlsFiles *[3]string // CA, certificate, key
+	tlsfiles.Options
+	token tlsfiles.Secret
 }
-
-func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 
 // WithToken makes Dial's client send token as its ACL token, instead of
 // $CONSUL_HTTP_TOKEN(_FILE). It needs session write and key write on the
@@ -35,8 +32,8 @@ func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 // it (configure your client).
 func WithToken(token string) SessionOption {
 	return func(c *sessionConfig) {
-		c.dial.add("WithToken")
-		c.dial.token, c.dial.tokenSet = tlsfiles.NewSecret(token), true
+		c.dial.Add("WithToken")
+		c.dial.token = tlsfiles.NewSecret(token)
 	}
 }
 
@@ -45,13 +42,7 @@ func WithToken(token string) SessionOption {
 // "http://" address is then refused with holdfast.ErrInvalidArgument. Dial
 // only, as WithToken; WithTLS and WithTLSFiles exclude each other.
 func WithTLS(cfg *tls.Config) SessionOption {
-	return func(c *sessionConfig) {
-		c.dial.add("WithTLS")
-		if cfg == nil {
-			cfg = &tls.Config{}
-		}
-		c.dial.tls = cfg.Clone()
-	}
+	return func(c *sessionConfig) { c.dial.SetTLS(cfg) }
 }
 
 // WithTLSFiles is WithTLS with a configuration read by Dial from PEM files,
@@ -59,57 +50,45 @@ func WithTLS(cfg *tls.Config) SessionOption {
 // -client-key (both or neither); one missing or malformed is an error
 // wrapping holdfast.ErrInvalidArgument. Dial only, as WithToken.
 func WithTLSFiles(caFile, certFile, keyFile string) SessionOption {
-	return func(c *sessionConfig) {
-		c.dial.add("WithTLSFiles")
-		c.dial.tlsFiles = &[3]string{caFile, certFile, keyFile}
-	}
+	return func(c *sessionConfig) { c.dial.SetFiles(caFile, certFile, keyFile) }
 }
 
 // check validates the Dial-only options without reading any file.
 func (d *dialConfig) check() error {
-	switch {
-	case d.tls != nil && d.tlsFiles != nil:
-		return fmt.Errorf("%w: WithTLS and WithTLSFiles exclude each other", holdfast.ErrInvalidArgument)
-	case d.tokenSet && d.token.Empty():
+	if d.Has("WithToken") && d.token.Empty() {
 		return fmt.Errorf("%w: WithToken: empty token", holdfast.ErrInvalidArgument)
 	}
-	return nil
+	return d.Check()
 }
 
-// dialOnly refuses the Dial-only options given to NewSession.
-func (d *dialConfig) dialOnly() error {
-	if len(d.given) == 0 {
-		return nil
+// client makes Dial's client for addr, its token and TLS from the
+// environment unless the options say otherwise, on a transport of its own.
+func (d *dialConfig) client(addr string) (*api.Client, *api.Config, *http.Transport, error) {
+	cfg := api.DefaultConfig()
+	if addr != "" {
+		cfg.Address = addr
 	}
-	return fmt.Errorf("%w: %s: for Dial only; configure the token and TLS on the client given to NewSession (api.Config Token, TLSConfig)",
-		holdfast.ErrInvalidArgument, strings.Join(d.given, ", "))
-}
-
-// apply sets the token and TLS the options ask for on cfg (from the
-// environment) and on tr, its transport.
-func (d *dialConfig) apply(cfg *api.Config, tr *http.Transport) error {
-	if d.tokenSet {
+	tr := cleanhttp.DefaultPooledTransport()
+	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = dialTimeout
+	cfg.Transport = tr
+	if d.Has("WithToken") {
 		cfg.Token, cfg.TokenFile = d.token.Reveal(), ""
 	}
-	var tlsCfg *tls.Config
+	tlsCfg, err := d.Config("consul")
 	switch {
-	case d.tls != nil:
-		tlsCfg = d.tls
-	case d.tlsFiles != nil:
-		var err error
-		if tlsCfg, err = tlsfiles.Load(d.tlsFiles[0], d.tlsFiles[1], d.tlsFiles[2]); err != nil {
-			return fmt.Errorf("%w: holdfast/consul: WithTLSFiles: %w", holdfast.ErrInvalidArgument, err)
-		}
-	default:
-		return nil
+	case err != nil:
+		return nil, nil, nil, err
+	case tlsCfg != nil && strings.HasPrefix(strings.ToLower(cfg.Address), "http://"):
+		return nil, nil, nil, fmt.Errorf("%w: holdfast/consul: address %s is plain http, but TLS is configured: use https:// or host:port", holdfast.ErrInvalidArgument, cfg.Address)
+	case tlsCfg != nil:
+		cfg.Scheme, cfg.TLSConfig, tr.TLSClientConfig = "https", api.TLSConfig{}, tlsCfg
 	}
-	if strings.HasPrefix(strings.ToLower(cfg.Address), "http://") {
-		return fmt.Errorf("%w: holdfast/consul: address %s is plain http, but TLS is configured: use https:// or host:port", holdfast.ErrInvalidArgument, cfg.Address)
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: holdfast/consul: client for %q: %w", holdfast.ErrInvalidArgument, addr, err)
 	}
-	cfg.Scheme = "https"
-	cfg.TLSConfig = api.TLSConfig{}
-	tr.TLSClientConfig = tlsCfg
-	return nil
+	return client, cfg, tr, nil
 }
 
 // explainTLS adds to err, the failure of Dial's first request over HTTPS

@@ -49,17 +49,8 @@ type Once struct {
 // be at least 2 s (etcd's shortest lease); otherwise, or if sched is not
 // valid, the error wraps holdfast.ErrInvalidArgument.
 func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
-	if s == nil {
-		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
-	}
-	if err := holdfast.ValidateName(name); err != nil {
+	if err := core.CheckOnce(s != nil, name, sched, minClaimTTL, maxTTL); err != nil {
 		return nil, err
-	}
-	if err := sched.Validate(); err != nil {
-		return nil, err
-	}
-	if sched.AtMost < minClaimTTL {
-		return nil, fmt.Errorf("%w: AtMost %v is shorter than etcd's shortest lease, %v", holdfast.ErrInvalidArgument, sched.AtMost, minClaimTTL)
 	}
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
@@ -88,7 +79,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	}
 	period = period.UTC()
 	if claimPeriodOver(period, o.sched.Every, time.Now()) {
-		return nil, o.over(period)
+		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: claim %s: %w", o.name, err)
@@ -132,21 +123,11 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	}
 	if claimPeriodOver(period, o.sched.Every, got) {
 		o.revoke(ctx, lease)
-		return nil, o.over(period)
+		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}
 	c := &Claim{o: o, lease: lease, period: period, made: got}
-	keeper := core.NewKeeper(sent, grantedTTL(ttl, lresp.TTL), ttl/5)
-	endWithSession := context.AfterFunc(o.s.keeper.Context(), func() { keeper.End(context.Cause(o.s.keeper.Context())) })
-	c.base = core.NewGrant(keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), core.ReleaseFunc(c.release), func() {
-		endWithSession()
-		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
-	})
+	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), sent, grantedTTL(ttl, lresp.TTL), core.ReleaseFunc(c.release))
 	return c, nil
-}
-
-// over is the error of a claim of period made after the period's end.
-func (o *Once) over(period time.Time) error {
-	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, o.name, period.Format(time.RFC3339), period.Add(o.sched.Every).Format(time.RFC3339))
 }
 
 // refused is the error of a claim of period refused because of the record
@@ -251,11 +232,7 @@ func (c *Claim) Deadline() time.Time { return c.base.Deadline() }
 // revocation goes on in the background while the session lives, and the
 // mark ends with the lease (AtMost) otherwise.
 func (c *Claim) Unlock(ctx context.Context) error {
-	if ctx == nil {
-		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	core.WaitAtLeast(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
-	return c.base.Unlock(ctx)
+	return core.UnlockClaim(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
 }
 
 // Guard returns the comparison that holds exactly while this claim is held

@@ -215,7 +215,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...SessionOpt
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.dial.dialOnly(); err != nil {
+	if err := cfg.dial.DialOnly("TLS and credentials (clientv3.Config TLS, Username, Password)"); err != nil {
 		return nil, err
 	}
 	return start(ctx, client, cfg)

@@ -20,17 +20,13 @@ import (
 // dialConfig is what the options that apply to Dial only set: how Dial's
 // own client connects and authenticates.
 type dialConfig struct {
-	given    []string // the Dial-only options given, by name, for errors
-	tls      *tls.Config
-	tlsFiles *[3]string // CA, certificate, key
+	tlsfiles.Options
 	user     string
 	password tlsfiles.Secret // formats as [redacted]
 
 	resolved *tls.Config // the TLS configuration Dial's client uses, if any
 	dialed   bool        // Dial made the client: resolved is all its TLS
 }
-
-func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 
 // WithTLS makes Dial connect over TLS with a copy of cfg: its RootCAs (nil
 // means the system's roots) authenticate the server, and its Certificates
@@ -44,13 +40,7 @@ func (d *dialConfig) add(name string) { d.given = append(d.given, name) }
 // refuses it with an error wrapping holdfast.ErrInvalidArgument. WithTLS and
 // WithTLSFiles exclude each other.
 func WithTLS(cfg *tls.Config) SessionOption {
-	return func(c *sessionConfig) {
-		c.dial.add("WithTLS")
-		if cfg == nil {
-			cfg = &tls.Config{}
-		}
-		c.dial.tls = cfg.Clone()
-	}
+	return func(c *sessionConfig) { c.dial.SetTLS(cfg) }
 }
 
 // WithTLSFiles is WithTLS with a configuration read from PEM files, as
@@ -61,10 +51,7 @@ func WithTLS(cfg *tls.Config) SessionOption {
 // is an error wrapping holdfast.ErrInvalidArgument that names the file and
 // never quotes its contents. Dial only, as WithTLS.
 func WithTLSFiles(caFile, certFile, keyFile string) SessionOption {
-	return func(c *sessionConfig) {
-		c.dial.add("WithTLSFiles")
-		c.dial.tlsFiles = &[3]string{caFile, certFile, keyFile}
-	}
+	return func(c *sessionConfig) { c.dial.SetFiles(caFile, certFile, keyFile) }
 }
 
 // WithCredentials makes Dial's client authenticate as user with password
@@ -79,7 +66,7 @@ func WithTLSFiles(caFile, certFile, keyFile string) SessionOption {
 // only, as WithTLS.
 func WithCredentials(user, password string) SessionOption {
 	return func(c *sessionConfig) {
-		c.dial.add("WithCredentials")
+		c.dial.Add("WithCredentials")
 		c.dial.user, c.dial.password = user, tlsfiles.NewSecret(password)
 	}
 }
@@ -87,54 +74,19 @@ func WithCredentials(user, password string) SessionOption {
 // check validates the Dial-only options without reading any file.
 func (d *dialConfig) check() error {
 	switch {
-	case d.tls != nil && d.tlsFiles != nil:
-		return fmt.Errorf("%w: WithTLS and WithTLSFiles exclude each other", holdfast.ErrInvalidArgument)
-	case d.has("WithCredentials") && d.user == "":
+	case d.Has("WithCredentials") && d.user == "":
 		return fmt.Errorf("%w: WithCredentials: empty user name", holdfast.ErrInvalidArgument)
-	case d.has("WithCredentials") && d.password.Empty():
+	case d.Has("WithCredentials") && d.password.Empty():
 		return fmt.Errorf("%w: WithCredentials: empty password for user %q", holdfast.ErrInvalidArgument, d.user)
 	}
-	return nil
-}
-
-func (d *dialConfig) has(name string) bool {
-	for _, g := range d.given {
-		if g == name {
-			return true
-		}
-	}
-	return false
-}
-
-// dialOnly refuses the Dial-only options given to NewSession.
-func (d *dialConfig) dialOnly() error {
-	if len(d.given) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %s: for Dial only; configure TLS and credentials on the client given to NewSession (clientv3.Config TLS, Username, Password)",
-		holdfast.ErrInvalidArgument, strings.Join(d.given, ", "))
-}
-
-// clientTLS returns the TLS configuration the options ask for, or nil.
-func (d *dialConfig) clientTLS() (*tls.Config, error) {
-	switch {
-	case d.tls != nil:
-		return d.tls, nil
-	case d.tlsFiles != nil:
-		cfg, err := tlsfiles.Load(d.tlsFiles[0], d.tlsFiles[1], d.tlsFiles[2])
-		if err != nil {
-			return nil, fmt.Errorf("%w: holdfast/etcd: WithTLSFiles: %w", holdfast.ErrInvalidArgument, err)
-		}
-		return cfg, nil
-	}
-	return nil, nil
+	return d.Check()
 }
 
 // newClient creates Dial's client. With credentials, clientv3.New
 // authenticates before it returns, bounded by DialTimeout; ctx is honoured
 // as well (the client, if it comes later, is closed in the background).
 func newClient(ctx context.Context, endpoints []string, d *dialConfig) (*clientv3.Client, error) {
-	tlsCfg, err := d.clientTLS()
+	tlsCfg, err := d.Config("etcd")
 	if err != nil {
 		return nil, err
 	}

@@ -54,3 +54,50 @@ func WaitAtLeast(ctx context.Context, g *Grant, until time.Time) {
 	case <-g.Context().Done():
 	}
 }
+
+// CheckOnce checks NewOnce's arguments, either backend's, before any
+// request: a session (hasSession), a valid name and schedule, and AtMost
+// from least to most, the store's bounds.
+func CheckOnce(hasSession bool, name string, sched holdfast.Schedule, least, most time.Duration) error {
+	if !hasSession {
+		return fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
+	}
+	if err := holdfast.ValidateName(name); err != nil {
+		return err
+	}
+	if err := sched.Validate(); err != nil {
+		return err
+	}
+	if sched.AtMost < least || sched.AtMost > most {
+		return fmt.Errorf("%w: AtMost %v is not between %v and %v (the store's bounds)", holdfast.ErrInvalidArgument, sched.AtMost, least, most)
+	}
+	return nil
+}
+
+// PeriodOver is the error of a claim of name's period made after its end.
+func PeriodOver(name string, period time.Time, every time.Duration) error {
+	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, name, period.Format(time.RFC3339), period.Add(every).Format(time.RFC3339))
+}
+
+// ClaimGrant returns the grant of a claim's run mark key, made with a lease
+// or session of its own of ttl asked for at sent, never renewed: its
+// deadline is sent + ttl - ttl/5; it ends with the holdfast session (whose
+// keeper is session) or through rel.
+func ClaimGrant(session *Keeper, bg *Background, key string, token holdfast.Token, sent time.Time, ttl time.Duration, rel Releaser) *Grant {
+	keeper := NewKeeper(sent, ttl, ttl/5)
+	endWithSession := context.AfterFunc(session.Context(), func() { keeper.End(context.Cause(session.Context())) })
+	return NewGrant(keeper, bg, key, token, rel, func() {
+		endWithSession()
+		keeper.End(holdfast.ErrReleased) // stops its timer; the grant ended already
+	})
+}
+
+// UnlockClaim is a claim's Unlock: it waits until atLeast (see
+// WaitAtLeast), then releases g.
+func UnlockClaim(ctx context.Context, g *Grant, atLeast time.Time) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
+	}
+	WaitAtLeast(ctx, g, atLeast)
+	return g.Unlock(ctx)
+}

@@ -32,10 +32,9 @@ type Once struct {
 	sched  holdfast.Schedule
 }
 
-// NewOnce returns the claim called name, made through session s on
-// schedule sched. The name follows holdfast.ValidateName. sched.AtMost must
-// lie between 2 x MinTTL (20 s) and 2 x MaxTTL; otherwise, or if sched is
-// not valid, the error wraps holdfast.ErrInvalidArgument.
+// NewOnce returns the claim called name, made through s on schedule sched,
+// whose AtMost must lie between 2 x MinTTL and 2 x MaxTTL (else an error
+// wrapping holdfast.ErrInvalidArgument).
 func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	if err := core.CheckOnce(s != nil, name, sched, 2*MinTTL, 2*MaxTTL); err != nil {
 		return nil, err
@@ -43,8 +42,7 @@ func NewOnce(s *Session, name string, sched holdfast.Schedule) (*Once, error) {
 	return &Once{s: s, name: name, record: name + "/.claim", run: name + "/.run", sched: sched}, nil
 }
 
-// Claim claims the period that this process's wall clock is in now
-// (Schedule.Period(time.Now())).
+// Claim claims the period that the wall clock is in now.
 func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 	return o.ClaimPeriod(ctx, o.sched.Period(time.Now()))
 }
@@ -181,10 +179,9 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 // that nothing is left when the process exits right after.
 const claimCleanup = 2 * time.Second
 
-// dispose runs destroy now, bounded by claimCleanup (ctx's values, not its
-// end); if that fails, again with b in the holdfast session's background
-// while it lives, for at most within (0: no bound). The claim session
-// expires by its TTL anyway.
+// dispose runs destroy now, within claimCleanup (ctx's values, not its
+// end); if that fails, with b in the session's background, for at most
+// within (0: no bound). The claim session expires by its TTL anyway.
 func (o *Once) dispose(ctx context.Context, b core.Backoff, within time.Duration, destroy func(context.Context) error) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
 	err := destroy(dctx)
@@ -250,7 +247,7 @@ func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
 }
 
 // running is the error of a claim of period refused because a run holds
-// the mark; it reads the mark (best effort, within ctx) to say which.
+// the mark, which it reads (best effort) to say which.
 func (o *Once) running(ctx context.Context, period time.Time) error {
 	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -263,8 +260,7 @@ func (o *Once) running(ctx context.Context, period time.Time) error {
 	return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), e.ModifyIndex)
 }
 
-// fail is the error of a failed claim: the session's end, ctx's error, or
-// the store's.
+// fail is the error of a failed claim: the session's end, ctx's, or err.
 func (o *Once) fail(ctx context.Context, err error) error {
 	if serr := o.s.alive(); serr != nil {
 		return fmt.Errorf("holdfast/consul: claim %s: %w", o.name, serr)
@@ -314,8 +310,7 @@ func (c *Claim) Unlock(ctx context.Context) error {
 	return core.UnlockClaim(ctx, c.base, c.made.Add(c.o.sched.AtLeast))
 }
 
-// Guard returns the operation that succeeds exactly while this claim is
-// held: a check-session of the run's mark on the claim's own session.
+// Guard returns the operation that succeeds exactly while the claim is held.
 func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.run, c.id)} }
 
 // Txn runs ops in one transaction that applies only while the claim is held

@@ -35,8 +35,8 @@ type releaser interface {
 // ending is a Grant as internal/core ends it.
 type ending Grant
 
-// Release implements core.Releaser: g.rel's release; once done, or
-// impossible, the session forgets the grant.
+// Release implements core.Releaser: g.rel's; once done or impossible, the
+// session forgets the grant.
 func (e *ending) Release(ctx context.Context) error {
 	g := (*Grant)(e)
 	err := g.rel.release(ctx, g)

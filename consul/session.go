@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,12 +59,10 @@ type SessionOption func(*sessionConfig)
 func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
 
 // WithMargin sets the safety margin (default TTL/5; 0 to TTL/2, else an
-// error wrapping holdfast.ErrInvalidTTL): every grant's context is cancelled
-// at (send time of the last acknowledged renewal) + TTL - margin on this
-// process's monotonic clock, before Consul can invalidate the session,
-// provided that this clock and the Consul leader's run at rates that differ
-// by less than margin/TTL, and that only the TTL invalidates the session
-// (see WithNodeChecks).
+// error wrapping holdfast.ErrInvalidTTL): grant contexts end at (send time
+// of the last acknowledged renewal) + TTL - margin on the monotonic clock,
+// before Consul can invalidate the session if the clocks' rates differ by
+// less than margin/TTL and only the TTL invalidates it.
 func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
 }
@@ -75,10 +74,9 @@ func WithMargin(d time.Duration) SessionOption {
 func WithLockDelay(d time.Duration) SessionOption { return func(c *sessionConfig) { c.lockDelay = d } }
 
 // WithBehavior sets what Consul does to the session's keys when it
-// invalidates it: api.SessionBehaviorDelete (the default: deletes them) or
-// api.SessionBehaviorRelease (api.Lock's: they stay, unlocked, until the
-// next contender deletes them); else an error wrapping
-// holdfast.ErrInvalidArgument.
+// invalidates it: api.SessionBehaviorDelete (default) or
+// api.SessionBehaviorRelease (api.Lock's: they stay, free, until the next
+// contender deletes them); else an error wrapping holdfast.ErrInvalidArgument.
 func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.behavior = b } }
 
 // WithNodeChecks ties the session to health checks of the agent's node
@@ -87,40 +85,33 @@ func WithBehavior(b string) SessionOption { return func(c *sessionConfig) { c.be
 // session at once, with no notice to a holder that may still run: then rely
 // on Grant.Token or Grant.Txn, not on the context.
 func WithNodeChecks(ids ...string) SessionOption {
-	ids = slices.Clone(ids)
+	ids = append([]string{}, ids...)
 	return func(c *sessionConfig) { c.nodeChecks = ids }
 }
 
-// WithSessionName sets the session's name, as shown by Consul (default
-// "holdfast").
+// WithSessionName sets the session's name in Consul (default "holdfast").
 func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
 
-// WithObserver adds an observer of the session's events (grants, their
-// ends, renewal failures, the session's end): package metrics provides one
-// for Prometheus. Observers are called synchronously and must not block.
+// WithObserver adds an observer of the session's events (package metrics
+// has one for Prometheus), called synchronously: it must not block.
 func WithObserver(o holdfast.Observer) SessionOption {
 	return func(c *sessionConfig) { c.observers = append(c.observers, o) }
 }
 
-// WithLogger logs the session's events to l with log/slog: grants (Info),
-// releases (Debug), losses with their cause (Warn), renewal failures
-// (Warn), and the session's end (Info when closed, Warn when lost), each
-// with the attributes store=consul and session=<session ID>. Without it,
-// holdfast logs nothing.
+// WithLogger logs the session's events to l (grants and the end Info,
+// releases Debug, losses and renewal failures Warn), with the attributes
+// store=consul and session=<ID>. Without it, holdfast logs nothing.
 func WithLogger(l *slog.Logger) SessionOption {
-	return func(c *sessionConfig) {
-		if l != nil {
-			c.logger = l
-		}
-	}
+	return func(c *sessionConfig) { c.logger = cmp.Or(l, c.logger) }
 }
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{
-		ttl:       defaultTTL,
-		lockDelay: defaultLockDelay,
-		behavior:  api.SessionBehaviorDelete,
-		name:      "holdfast",
+		ttl:        defaultTTL,
+		lockDelay:  defaultLockDelay,
+		behavior:   api.SessionBehaviorDelete,
+		name:       "holdfast",
+		nodeChecks: []string{},
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -134,11 +125,8 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 		return c, fmt.Errorf("%w: lock-delay %v is not between 0 and %v", holdfast.ErrInvalidArgument, c.lockDelay, MaxLockDelay)
 	case c.behavior != api.SessionBehaviorRelease && c.behavior != api.SessionBehaviorDelete:
 		return c, fmt.Errorf("%w: session behavior %q is neither %q nor %q", holdfast.ErrInvalidArgument, c.behavior, api.SessionBehaviorRelease, api.SessionBehaviorDelete)
-	}
-	for _, id := range c.nodeChecks {
-		if id == "" {
-			return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
-		}
+	case slices.Contains(c.nodeChecks, ""):
+		return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
 	}
 	if err := c.dial.check(); err != nil {
 		return c, err
@@ -149,11 +137,9 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 }
 
 // Session is a Consul session renewed in the background, shared by every
-// lock taken through it. When it cannot be renewed before its safe local
-// deadline, Consul says it is gone (noticed within milliseconds), or it is
-// closed, every grant's context is cancelled with the reason; a held key
-// deleted or taken over from outside is noticed within TTL/3. It does not
-// come back. A Session is safe for concurrent use.
+// lock taken through it, safe for concurrent use. When it cannot be renewed
+// before its safe local deadline, Consul says it is gone, or it is closed,
+// every grant's context is cancelled with the reason; it does not come back.
 type Session struct {
 	client *api.Client
 	owned  *http.Transport // the transport of a client made by Dial, else nil
@@ -172,18 +158,16 @@ type Session struct {
 	ops       sync.WaitGroup           // acquisitions in progress
 	held      map[string]*Grant        // by lock key: grants held in Consul
 	delays    map[string]time.Duration // lock-delay of other sessions, by ID
-	abandoned map[string]leftover      // by lock name: cleanups the session's end cut short
+	abandoned map[string]leftover      // by lock name: cleanups for Close to try again
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // Dial opens a session (as NewSession) on a client of its own for the
-// agent at addr ("host:port", "https://host:8501", or "" for
-// api.DefaultConfig's), whose token and TLS come from the environment
-// unless WithToken, WithTLS or WithTLSFiles say otherwise. Connecting times
-// out after 5 s, the creation after 10 s or ctx; no error contains the
-// token or key material.
+// agent at addr ("host:port", "https://host:8501", or "" for the
+// environment's), its token and TLS from the environment unless WithToken,
+// WithTLS or WithTLSFiles say otherwise. Connecting times out after 5 s.
 func Dial(ctx context.Context, addr string, opts ...SessionOption) (*Session, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
@@ -228,17 +212,8 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 
 func openSession(ctx context.Context, client *api.Client, owned *http.Transport, cfg sessionConfig) (*Session, error) {
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
-	checks := cfg.nodeChecks
-	if checks == nil {
-		checks = []string{}
-	}
-	body := map[string]any{
-		"Name":       cfg.name,
-		"TTL":        cfg.ttl.String(),
-		"LockDelay":  fmt.Sprintf("%dms", ceilMillis(cfg.lockDelay)),
-		"Behavior":   cfg.behavior,
-		"NodeChecks": checks,
-	}
+	lockDelay := fmt.Sprintf("%dms", (cfg.lockDelay + time.Millisecond - 1).Milliseconds())
+	body := map[string]any{"Name": cfg.name, "TTL": cfg.ttl.String(), "LockDelay": lockDelay, "Behavior": cfg.behavior, "NodeChecks": cfg.nodeChecks}
 	id, sent, err := createSession(ctx, client, body)
 	if err != nil {
 		return nil, apiError("create session", err)
@@ -259,8 +234,8 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 	}
 	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
-	bctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	var bctx context.Context
+	bctx, s.stop = context.WithCancel(context.Background())
 	s.tasks.Add(2)
 	go s.renew(bctx)
 	go s.watch(bctx)
@@ -285,15 +260,10 @@ func createSession(ctx context.Context, client *api.Client, body map[string]any)
 	return out.ID, sent, err
 }
 
-// ceilMillis is d in milliseconds, rounded up.
-func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
-
 func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }
 
-// renew renews the session every TTL/3, retrying with core.Backoff until
-// the keeper's deadline; each acknowledged renewal moves that deadline and
-// is followed by checkKeys (which checkNow also asks for). An answer that
-// the session does not exist ends it.
+// renew renews the session every TTL/3, retrying until the keeper's
+// deadline, and checks the held keys after each renewal and on checkNow.
 func (s *Session) renew(ctx context.Context) {
 	defer s.tasks.Done()
 	period := s.cfg.ttl / 3
@@ -330,9 +300,8 @@ func (s *Session) renew(ctx context.Context) {
 	}
 }
 
-// renewOnce sends one renewal at sent, bounded by the keeper's deadline
-// and requestTimeout, and tells the keeper the outcome, with the TTL Consul
-// answered (never more than asked).
+// renewOnce sends one renewal at sent, bounded by the keeper's deadline,
+// and tells the keeper the outcome (the TTL answered, at most asked).
 func (s *Session) renewOnce(ctx context.Context, sent time.Time) error {
 	deadline := s.keeper.Deadline()
 	if d := sent.Add(requestTimeout); d.Before(deadline) {
@@ -462,10 +431,9 @@ func (s *Session) Context() context.Context { return s.keeper.Context() }
 func (s *Session) Err() error { return s.keeper.Err() }
 
 // Close ends every grant (cause wrapping holdfast.ErrLost and
-// ErrSessionClosed) and acquisition, releases the keys the session holds
-// (so no lock-delay applies), destroys the session, and closes Dial's
-// client. It is idempotent, bounded by 10 s; if it fails, Consul still
-// invalidates the session within 2 x TTL.
+// ErrSessionClosed) and acquisition, releases the session's keys (so no
+// lock-delay applies) and destroys it, within 10 s (else Consul invalidates
+// it within 2 x TTL). It is idempotent.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.close() })
 	return s.closeErr
@@ -540,8 +508,7 @@ func (s *Session) aliveLocked() error {
 	return s.keeper.Err()
 }
 
-// bind returns a context that ends with ctx or with the session, whichever
-// comes first; in the second case its cause is the session's.
+// bind returns a context that ends with ctx or the session (with its cause).
 func (s *Session) bind(ctx context.Context) (context.Context, context.CancelFunc) {
 	bctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.keeper.Context(), func() { cancel(s.keeper.Err()) })
@@ -566,15 +533,14 @@ func (s *Session) forget(g *Grant) {
 	}
 }
 
-// ended ends the session after Consul answered that it does not exist, and
-// returns its cause.
+// ended ends the session, which Consul said is gone, and returns its cause.
 func (s *Session) ended() error {
 	s.keeper.End(sessionLost(s.id, "no longer exists"))
 	return s.keeper.Err()
 }
 
-// lockDelayOf returns the lock-delay of another session, if it can be
-// learnt: from a cache, or from Consul while the session still exists.
+// lockDelayOf returns the lock-delay of another session, cached, or from
+// Consul while that session exists.
 func (s *Session) lockDelayOf(ctx context.Context, id string) (time.Duration, bool) {
 	s.mu.Lock()
 	d, ok := s.delays[id]

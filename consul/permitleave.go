@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -105,6 +106,10 @@ func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 // leaveOps are a leave's writes from v (in: we are a holder); after: they
 // leave room (step 6).
 func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, after bool) {
+	others := v.waiters // all but ours: a late join of ours may have replaced our key
+	if v.pos >= 0 {
+		others = slices.Delete(slices.Clone(v.waiters), v.pos, v.pos+1)
+	}
 	switch {
 	case in && v.err != nil:
 		// The lock key is not ours to write: we become a dead holder.
@@ -114,7 +119,7 @@ func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, aft
 		if v.err != nil {
 			return ops, false
 		}
-		if st, admitted := p.admit(v.st, v.others()); len(admitted) > 0 {
+		if st, admitted := p.admit(v.st, others); len(admitted) > 0 {
 			ops = append(ops, p.writeOps(v, st, admitted)...)
 		}
 		return ops, true
@@ -124,8 +129,8 @@ func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, aft
 	if how == leaveDowngrade {
 		st.holders[p.s.id] = false
 	}
-	st, admitted := p.admit(st, v.others()) // our own key waits if a late join of ours replaced it
-	if len(st.holders) == 0 && len(v.others()) == 0 && v.lock != nil {
+	st, admitted := p.admit(st, others)
+	if len(st.holders) == 0 && len(others) == 0 && v.lock != nil {
 		ops = api.TxnOps{deleteCAS(p.lockKey, v.lock.ModifyIndex)} // nothing left behind
 	} else {
 		ops = p.writeOps(v, st, admitted)

@@ -3,7 +3,7 @@ package consul
 import (
 	"cmp"
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -14,9 +14,9 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// The keys of Semaphore and RWMutex and what a read of them says;
-// permitwait.go takes a permit, permitleave.go ends one (docs/DESIGN.md,
-// "Consul semaphore and read-write lock").
+// The keys of Semaphore and RWMutex, what a read of them says, and the lock
+// key's JSON; permitwait.go takes a permit, permitleave.go ends one
+// (docs/DESIGN.md, "Consul semaphore and read-write lock").
 
 // RWMutexFlagValue is the flags value of an RWMutex's keys ("holdrwlk" in
 // ASCII); other kinds of lock refuse a lock key with these flags.
@@ -41,13 +41,12 @@ type permitKind struct {
 	shared, writer string // a waiting contender's value
 	foreignOK      bool   // foreign contenders (api.Semaphore's) may share the name
 	decode         func(value []byte, limit int) (permitState, error)
-	encode         func(permitState) []byte
 }
 
 var (
-	semaphoreKind = &permitKind{"semaphore", api.SemaphoreFlagValue, valWait, valWait, true, decodeSemaphoreLock, encodeSemaphoreLock}
+	semaphoreKind = &permitKind{"semaphore", api.SemaphoreFlagValue, valWait, valWait, true, decodeSemaphoreLock}
 	rwKind        = &permitKind{"read-write lock", RWMutexFlagValue, valRead, valWrite, false,
-		func(value []byte, _ int) (permitState, error) { return decodeRWLock(value) }, encodeRWLock}
+		func(value []byte, _ int) (permitState, error) { return decodeRWLock(value) }}
 )
 
 // permits is a Semaphore's (limit > 0) or an RWMutex's (limit 0) keys.
@@ -89,16 +88,16 @@ func (p *permits) fits(st permitState, exclusive bool) bool {
 
 // contender is a holdfast contender key that waits.
 type contender struct {
-	key, session  string
-	index, create uint64 // ModifyIndex; CreateIndex, the queue order
-	exclusive     bool
+	key, session string
+	index        uint64 // ModifyIndex
+	exclusive    bool
 }
 
 // pview is what one read of the subtree "<name>/" says (step 1).
 type pview struct {
 	lock    *api.KVPair   // nil if absent
 	st      permitState   // the holders whose session holds a key read
-	waiters []contender   // holdfast waiters of our kind, by CreateIndex
+	waiters []contender   // holdfast waiters of our kind, by CreateIndex (the queue order)
 	pos     int           // our place among waiters; -1: we do not wait
 	me      *api.KVPair   // our contender key, if our session holds it
 	dead    []*api.KVPair // Semaphore and RWMutex contender keys held by no session
@@ -115,13 +114,14 @@ func latest(results []*api.TxnResult) []*api.KVPair {
 			last[r.KV.Key] = r.KV
 		}
 	}
-	return slices.SortedFunc(maps.Values(last), func(x, y *api.KVPair) int { return strings.Compare(x.Key, y.Key) })
+	return slices.Collect(maps.Values(last))
 }
 
 // parse builds a view from the keys of the subtree, read at once.
 func (p *permits) parse(kvs []*api.KVPair) pview {
 	v := pview{pos: -1}
 	live := make(map[string]bool, len(kvs))
+	slices.SortFunc(kvs, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
 	for _, e := range kvs {
 		v.index = max(v.index, e.ModifyIndex)
 		if e.Session != "" {
@@ -144,7 +144,6 @@ func (p *permits) parse(kvs []*api.KVPair) pview {
 		}
 	}
 	v.st = st
-	slices.SortFunc(v.waiters, func(x, y contender) int { return cmp.Compare(x.create, y.create) })
 	if v.me != nil {
 		v.pos = slices.IndexFunc(v.waiters, func(w contender) bool { return w.key == p.myKey })
 	}
@@ -181,11 +180,10 @@ func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, err
 // contender key, or a conflict. Other keys held by no session are nobody's
 // lock (a plain data key, a dead Mutex's tail): left alone.
 func (p *permits) classify(v *pview, e *api.KVPair) {
-	rest, under := strings.CutPrefix(e.Key, p.prefix)
+	rest := strings.TrimPrefix(e.Key, p.prefix)
 	shaped := rest != "" && !strings.Contains(rest, "/") && rest[0] != '.'
 	val := string(e.Value)
 	switch {
-	case !under:
 	case e.Session == "":
 		if shaped && (e.Flags == api.SemaphoreFlagValue || e.Flags == RWMutexFlagValue) {
 			v.dead = append(v.dead, e)
@@ -196,7 +194,7 @@ func (p *permits) classify(v *pview, e *api.KVPair) {
 		v.conflict("%s has flags %#x, not a %s contender's %#x", e.Key, e.Flags, p.what, p.flags)
 	case held(val):
 	case val == p.shared || val == p.writer:
-		v.waiters = append(v.waiters, contender{e.Key, e.Session, e.ModifyIndex, e.CreateIndex, val != p.shared})
+		v.waiters = append(v.waiters, contender{e.Key, e.Session, e.ModifyIndex, val != p.shared})
 	case val == valWait || val == valRead || val == valWrite:
 		v.conflict("%s is another holdfast primitive's contender, not a %s's", e.Key, p.what)
 	case !p.foreignOK:
@@ -220,14 +218,6 @@ func (v pview) admitted(p *permits) bool {
 	return in && v.me != nil && held(string(v.me.Value))
 }
 
-// others returns the waiters other than us.
-func (v pview) others() []contender {
-	if v.pos < 0 {
-		return v.waiters
-	}
-	return slices.Delete(slices.Clone(v.waiters), v.pos, v.pos+1)
-}
-
 // admit admits the waiters of ws in order while they fit beside the holders
 // of st, and returns the new state and whom it admitted.
 func (p *permits) admit(st permitState, ws []contender) (permitState, []contender) {
@@ -246,7 +236,7 @@ func (p *permits) admit(st permitState, ws []contender) (permitState, []contende
 // keys of the waiters in, whose token is this write's index.
 func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	var index uint64
-	value := p.encode(st)
+	value := encodeLock(st)
 	if v.lock != nil {
 		index = v.lock.ModifyIndex
 		if string(value) == string(v.lock.Value) {
@@ -276,11 +266,7 @@ func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
 		ops = append(api.TxnOps{kvOp(api.KVDelete, p.myKey+"/.ordered")}, ops...)
 	}
 	resp, err := p.write(ctx, ops, false)
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return pview{}, txnError("read "+p.name, rb)
-	case err != nil:
+	if err != nil {
 		return pview{}, err
 	}
 	return p.parse(latest(resp.Results)), nil
@@ -289,15 +275,88 @@ func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
 // write sends ops. If after, the transaction also reads the subtree as its
 // writes left it, and the waiters that then fit are admitted (passOn).
 func (p *permits) write(ctx context.Context, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
-	n := len(ops)
 	if after {
 		ops = append(ops, kvOp(api.KVGetTree, p.prefix))
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	resp, err := p.s.txn(rctx, ops)
 	cancel()
-	if err == nil && after && len(resp.Results) >= n {
+	if err == nil && after {
 		p.passOn(ctx, p.parse(latest(resp.Results)))
 	}
 	return resp, err
+}
+
+// permitState is the content of the lock key: who holds a permit.
+type permitState struct {
+	limit   int             // a Semaphore's limit; 0 for an RWMutex
+	holders map[string]bool // by session ID; true: exclusive (an RWMutex's writer)
+}
+
+func (st permitState) clone() permitState { return permitState{st.limit, maps.Clone(st.holders)} }
+
+// semaphoreLock is api.Semaphore's lock value.
+type semaphoreLock struct {
+	Limit   int
+	Holders map[string]bool
+}
+
+// decodeSemaphoreLock decodes a Semaphore's lock value as api.Semaphore
+// does: every name in Holders holds a permit (whatever its boolean). A value
+// that is not such JSON, or a limit below 1, is an error.
+func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
+	st := permitState{limit: limit, holders: map[string]bool{}}
+	if len(value) == 0 {
+		return st, nil
+	}
+	var l semaphoreLock
+	if err := json.Unmarshal(value, &l); err != nil {
+		return permitState{}, fmt.Errorf("not a semaphore's JSON value: %w", err)
+	}
+	if st.limit = l.Limit; l.Limit < 1 {
+		return permitState{}, fmt.Errorf("semaphore limit %d", l.Limit)
+	}
+	for h := range l.Holders {
+		st.holders[h] = false
+	}
+	return st, nil
+}
+
+// decodeRWLock decodes an RWMutex's lock value,
+// {"Holders":{"<session>":"read"|"write"}}; another mode, or a writer beside
+// anyone, is an error.
+func decodeRWLock(value []byte) (permitState, error) {
+	st := permitState{holders: map[string]bool{}}
+	var l struct{ Holders map[string]string }
+	if len(value) == 0 {
+		return st, nil
+	} else if err := json.Unmarshal(value, &l); err != nil {
+		return permitState{}, fmt.Errorf("not a read-write lock's JSON value: %w", err)
+	}
+	for h, mode := range l.Holders {
+		if mode != "read" && mode != "write" {
+			return permitState{}, fmt.Errorf("holder %q has mode %q", h, mode)
+		}
+		if st.holders[h] = mode == "write"; st.holders[h] && len(l.Holders) > 1 {
+			return permitState{}, fmt.Errorf("a writer and %d other holders", len(l.Holders)-1)
+		}
+	}
+	return st, nil
+}
+
+// encodeLock is the inverse of the decoders: api.Semaphore's value if
+// st has a limit, else an RWMutex's.
+func encodeLock(st permitState) []byte {
+	l := struct {
+		Limit   int `json:",omitempty"`
+		Holders map[string]any
+	}{st.limit, make(map[string]any, len(st.holders))}
+	for h, x := range st.holders {
+		l.Holders[h] = map[bool]string{false: "read", true: "write"}[x]
+		if st.limit > 0 {
+			l.Holders[h] = true
+		}
+	}
+	b, _ := json.Marshal(l) // cannot fail
+	return b
 }

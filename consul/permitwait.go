@@ -16,7 +16,7 @@ import (
 // How a permit is taken (steps 1, 3 and 4 of docs/DESIGN.md, "Consul
 // semaphore and read-write lock"), run by the driver (acquire.go).
 
-// acquire runs Lock (try false) or TryLock, reentrant if reentry is set.
+// acquire runs Lock or (try) TryLock, reentrant if reentry is set.
 func (p *permits) acquire(ctx context.Context, exclusive, try bool, reentry *core.Reentry[*Grant]) (*Grant, error) {
 	return acquire(ctx, p.s, p.name, try, reentry, &pacq{p: p, exclusive: exclusive})
 }
@@ -59,8 +59,8 @@ func (p *permits) leftover() leftover {
 	return leftover{name: p.name, fn: func(ctx context.Context) error { return p.leave(ctx, leaveCleanup) }}
 }
 
-// try is TryLock: one read; if a permit is free and nobody waits, one
-// transaction that creates our key admitted and adds us to the lock key.
+// try is TryLock: a read, then, if a permit is free and nobody waits, one
+// transaction that adds us to the lock key and creates our key admitted.
 func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
 	v, err := p.read(ctx, false)
@@ -79,9 +79,8 @@ func (a *pacq) try(ctx context.Context) (uint64, error) {
 	return a.admitTxn(ctx, ops, true, p.roomy(st))
 }
 
-// admitTxn sends ops, which write the lock key and then put our key in its
-// held state, and returns our token. A lost race is token 0 (ErrLocked if
-// try). after: see permits.write.
+// admitTxn sends ops, which write the lock key, then our key held, and
+// returns our token; a lost race is 0 (ErrLocked if try).
 func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, try, after bool) (uint64, error) {
 	resp, err := a.send(ctx, "acquire a permit of", ops, after)
 	var rb *rollback
@@ -141,10 +140,7 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 	p := a.p
 	v, err := a.enter(ctx) // 1. create our key, read the subtree
 	for joins := 1; ; {
-		if err != nil {
-			return 0, err
-		}
-		if err := cmp.Or(ctx.Err(), v.err); err != nil {
+		if err = cmp.Or(err, ctx.Err(), v.err); err != nil {
 			return 0, err
 		}
 		p.s.dropDead(ctx, v.dead)
@@ -175,8 +171,7 @@ func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, error) {
 	if !full {
 		return token, err
 	}
-	// Patient only if .lock moved since we joined (releases hand permits
-	// on); else its holders may be dead: watch the subtree at once.
+	// Patient only if .lock moved since we joined (releases hand permits on).
 	return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 }
 

@@ -316,20 +316,7 @@ func (c *Claim) Guard() api.TxnOps { return api.TxnOps{checkSession(c.o.run, c.i
 // Txn runs ops in one transaction that applies only while the claim is held
 // (Guard first), as Grant.Txn; ops may not touch the keys under "<name>/.".
 func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	g := Grant{prefix: c.o.name + "/."}
-	if err := g.checkOps(ops); err != nil {
-		return nil, err
-	}
-	if !c.base.Held() {
-		return nil, c.base.NotHeld()
-	}
-	return c.o.s.guardedTxn(ctx, c.Key(), claimGuard(c), ops, func() error {
-		c.base.Lose(fmt.Errorf("%w: %s is no longer held by claim session %s", holdfast.ErrLost, c.Key(), c.id))
-		return c.base.NotHeld()
-	})
+	return c.o.s.heldTxn(ctx, c.base, c.o.name+"/.", claimGuard(c), ops, "claim session "+c.id)
 }
 
 // release destroys the claim's session (one attempt; the core retries it),

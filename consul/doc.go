@@ -27,20 +27,14 @@
 //		log.Fatal(err)
 //	}
 //
-// A [Session] is one Consul session, renewed every TTL/3 and shared by every
-// lock taken through it; each grant's context ends at a safe local deadline,
-// before Consul could invalidate the session ([WithMargin] states the
-// assumptions). [Dial] opens one on a client of its own (token and TLS from
-// the environment, or [WithToken], [WithTLS], [WithTLSFiles]); [NewSession]
-// uses your client.
-//
-// The primitives share their keys' layouts with Consul's own clients, which
-// they exclude and are excluded by: a [Mutex] or an [Election] holds
-// "<name>/.lock" as api.Lock and `consul lock` do (FIFO among holdfast
-// contenders); a [Semaphore] and an [RWMutex] use api.Semaphore's layout
-// (`consul lock -n N`); a [Once] claims a name once per period. Every grant
-// is a [Grant] (or [Claim]) with a fencing token (the ModifyIndex of the
-// write that granted it) and a Txn that applies only while it is held.
-// Errors wrap the sentinels of package holdfast. The algorithms are in
-// docs/DESIGN.md, their costs in docs/BENCHMARKS.md.
+// A [Session] is one Consul session, renewed in the background and shared
+// by every lock taken through it ([Dial] opens one on a client of its own,
+// [NewSession] on yours). The primitives use the key layouts of Consul's own
+// clients, which they exclude and are excluded by: a [Mutex] or an
+// [Election] holds "<name>/.lock" as api.Lock and `consul lock` do; a
+// [Semaphore] and an [RWMutex] use api.Semaphore's layout; a [Once] claims a
+// name once per period. Every grant has a fencing token and a Txn that
+// applies only while it is held. Errors wrap the sentinels of package
+// holdfast. The algorithms are in docs/DESIGN.md, their costs in
+// docs/BENCHMARKS.md.
 package consul

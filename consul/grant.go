@@ -78,19 +78,25 @@ func (g *Grant) Guard() api.TxnOps {
 // fails, nothing is applied and the response comes with the error, its
 // Errors indexed in ops; on success its Results are those of ops.
 func (g *Grant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	return g.s.heldTxn(ctx, g.base, g.prefix, txnGuard(g.Key(), g.s.id), ops, "session "+g.s.id)
+}
+
+// heldTxn is Txn for base, a grant or claim whose own keys lie under
+// prefix, held by whose session, which guard checks.
+func (s *Session) heldTxn(ctx context.Context, base *core.Grant, prefix string, guard, ops api.TxnOps, whose string) (*api.TxnResponse, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	if err := g.checkOps(ops); err != nil {
+	if err := (&Grant{prefix: prefix}).checkOps(ops); err != nil {
 		return nil, err
 	}
-	if !g.base.Held() {
-		return nil, g.base.NotHeld()
+	if !base.Held() {
+		return nil, base.NotHeld()
 	}
-	return g.s.guardedTxn(ctx, g.Key(), txnGuard(g.Key(), g.s.id), ops, func() error {
-		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, g.Key(), g.s.id))
-		g.s.checkSoon()
-		return g.base.NotHeld()
+	return s.guardedTxn(ctx, base.Key(), guard, ops, func() error {
+		base.Lose(fmt.Errorf("%w: %s is no longer held by %s (a guarded transaction failed its check)", holdfast.ErrLost, base.Key(), whose))
+		s.checkSoon()
+		return base.NotHeld()
 	})
 }
 

@@ -20,43 +20,33 @@ func unless(removed bool, ops ...*api.TxnOp) api.TxnOps {
 	return ops
 }
 
-// releaseGuard: our session holds key, first in every release and handoff
-// of a lock key (guard consul/release-check-session).
+// The checks that a session holds a key: ours, first in every release and
+// handoff of a lock key, in Grant.Txn, Election.Proclaim, each part of
+// MultiGrant.Txn (the mutant removes the last part's) and a permit's release
+// and Downgrade; the claim's own in Claim.Txn.
 func releaseGuard(key, session string) api.TxnOps {
 	return unless(mutant.On("consul/release-check-session"), checkSession(key, session))
 }
-
-// txnGuard: our session holds key, first in Grant.Txn (consul/txn-check-session).
 func txnGuard(key, session string) api.TxnOps {
 	return unless(mutant.On("consul/txn-check-session"), checkSession(key, session))
+}
+func proclaimGuard(g *Grant) api.TxnOps {
+	return unless(mutant.On("consul/proclaim-check-session"), g.Guard()...)
+}
+func multiPartGuard(p *Grant, last bool) api.TxnOps {
+	return unless(last && mutant.On("consul/multi-txn-check-session"), p.Guard()...)
+}
+func permitReleaseGuard(key, session string) api.TxnOps {
+	return unless(mutant.On("consul/permit-release-check-session"), checkSession(key, session))
+}
+func claimGuard(c *Claim) api.TxnOps {
+	return unless(mutant.On("consul/claim-check-session"), c.Guard()...)
 }
 
 // nextGuard: the waiter a handoff goes to still waits, its queue entry at
 // the index we know (consul/handoff-check-next).
 func nextGuard(w waiter) api.TxnOps {
 	return unless(mutant.On("consul/handoff-check-next"), checkIndex(w.key, w.index))
-}
-
-// claimGuard: the claim's session holds its key (consul/claim-check-session).
-func claimGuard(c *Claim) api.TxnOps {
-	return unless(mutant.On("consul/claim-check-session"), c.Guard()...)
-}
-
-// proclaimGuard: we hold the leader's key (consul/proclaim-check-session).
-func proclaimGuard(g *Grant) api.TxnOps {
-	return unless(mutant.On("consul/proclaim-check-session"), g.Guard()...)
-}
-
-// multiPartGuard: we hold part p's lock key (consul/multi-txn-check-session
-// removes the last part's).
-func multiPartGuard(p *Grant, last bool) api.TxnOps {
-	return unless(last && mutant.On("consul/multi-txn-check-session"), p.Guard()...)
-}
-
-// permitReleaseGuard: our session holds our contender key, first in a
-// permit's release and Downgrade (consul/permit-release-check-session).
-func permitReleaseGuard(key, session string) api.TxnOps {
-	return unless(mutant.On("consul/permit-release-check-session"), checkSession(key, session))
 }
 
 // permitCAS is the verb of every write of a permit's lock key: a cas on the
@@ -85,11 +75,9 @@ func semaphoreHeld(e *api.KVPair) bool {
 }
 
 // keyCheck: the session checks its held keys after every renewal
-// (consul/key-check).
-func keyCheck() bool { return !mutant.On("consul/key-check") }
-
-// sessionWatch: the session follows itself with a blocking query
-// (consul/session-watch).
+// (consul/key-check); sessionWatch: it follows itself with a blocking
+// query (consul/session-watch).
+func keyCheck() bool     { return !mutant.On("consul/key-check") }
 func sessionWatch() bool { return !mutant.On("consul/session-watch") }
 
 // claimRecordGuard: the error of a claim of period that the record rec

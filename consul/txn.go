@@ -44,30 +44,24 @@ func (s *Session) txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, er
 	return resp, err
 }
 
-// The operations of a transaction on key.
+// The operations of a transaction on key: kvOp's verb, check-session,
+// check-index, delete-cas; lockOp acquires it for session with a lock's
+// flags, acquireOp with none (a queue entry, or a key under it).
 func kvOp(verb api.KVOp, key string) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: verb, Key: key}}
 }
-
 func checkSession(key, session string) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: key, Session: session}}
 }
-
 func checkIndex(key string, index uint64) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: key, Index: index}}
 }
-
 func deleteCAS(key string, index uint64) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDeleteCAS, Key: key, Index: index}}
 }
-
-// lockOp acquires key for session with a lock's flags and value.
 func lockOp(key, session string, value []byte) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Flags: api.LockFlagValue, Session: session, Value: value}}
 }
-
-// acquireOp acquires key for session with no flags: a queue entry, or a key
-// under it.
 func acquireOp(key, session string, value []byte) *api.TxnOp {
 	return &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Session: session, Value: value}}
 }
@@ -96,13 +90,11 @@ func (r *rollback) has(sub string) bool {
 	return r.anyOp(func(_ int, what string) bool { return strings.Contains(what, sub) })
 }
 
-// denied: an ACL refused an operation.
-func (r *rollback) denied() bool { return r.has("Permission denied") || r.has("ACL not found") }
-
-// lockDelayed: a lock operation was refused because of a lock-delay.
+// An operation failed because: an ACL refused it (denied), a lock-delay
+// (lockDelayed), or a lock named a session that no longer exists
+// (sessionGone).
+func (r *rollback) denied() bool      { return r.has("Permission denied") || r.has("ACL not found") }
 func (r *rollback) lockDelayed() bool { return r.has("due to lock delay") }
-
-// sessionGone: a lock operation named a session that no longer exists.
 func (r *rollback) sessionGone() bool { return r.has("invalid session") }
 
 // delayedOnly: only operation i failed, refused because of a lock-delay.

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,15 +34,11 @@ func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool
 // holdfast.ErrConflict and says how to free the name; what is the caller's
 // kind ("a Mutex").
 func otherKindError(lock, live *api.KVPair, prefix, what string) error {
-	kind := "another kind of lock's"
-	switch lock.Flags {
-	case api.LockFlagValue:
-		kind = "a lock's (api.Lock, `consul lock`, a holdfast Mutex or Election)"
-	case api.SemaphoreFlagValue:
-		kind = "a semaphore's (api.Semaphore, `consul lock -n`, a holdfast Semaphore)"
-	case RWMutexFlagValue:
-		kind = "a holdfast RWMutex's"
-	}
+	kind := cmp.Or(map[uint64]string{
+		api.LockFlagValue:      "a lock's (api.Lock, `consul lock`, a holdfast Mutex or Election)",
+		api.SemaphoreFlagValue: "a semaphore's (api.Semaphore, `consul lock -n`, a holdfast Semaphore)",
+		RWMutexFlagValue:       "a holdfast RWMutex's",
+	}[lock.Flags], "another kind of lock's")
 	return fmt.Errorf("%w: %s is %s (flags %#x), and %s is held by live session %s; "+
 		"%s takes the name once no session holds a key under %s (a killed holder's session holds one until Consul ends it: its TTL, or its node's check); "+
 		"to free it by hand, stop that lock's users and run `consul kv delete %s`",

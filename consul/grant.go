@@ -26,7 +26,7 @@ type Grant struct {
 }
 
 // releaser ends a grant in Consul: lockHold (release.go: a Mutex's or an
-// Election's) or permitHold (permitleave.go: a Semaphore's or RWMutex's).
+// Election's) or pacq (permitwait.go: a Semaphore's or RWMutex's).
 type releaser interface {
 	release(ctx context.Context, g *Grant) error // after Unlock or a loss
 	drop(ctx context.Context, g *Grant) error    // as the session closes: no handoff

@@ -16,8 +16,7 @@ import (
 // How a permit ends, and the handoffs that makes (steps 2, 5 and 6 of
 // docs/DESIGN.md, "Consul semaphore and read-write lock").
 
-// maxLeaveAttempts bounds the attempts of a release or cleanup that lose
-// races (and Mutex.repairTail's).
+// maxLeaveAttempts bounds a leave's (and Mutex.repairTail's) lost races.
 const maxLeaveAttempts = 8
 
 // raceBackoff paces the writes of the lock key that lost a race (errStale):
@@ -37,29 +36,21 @@ const (
 	leaveDowngrade                  // RWMutex.Downgrade
 )
 
-// permitHold is a permit's releaser (see grant.go).
-type permitHold struct {
-	p         *permits
-	exclusive bool
-	free      func() // frees the name in-process; passed to the read grant on Downgrade
-}
-
-// release leaves the holders, handing the permit on.
-func (h *permitHold) release(ctx context.Context, g *Grant) error {
-	err := h.p.leave(ctx, leaveRelease)
+// release leaves the holders, handing the permit on (see releaser).
+func (a *pacq) release(ctx context.Context, g *Grant) error {
+	err := a.p.leave(ctx, leaveRelease)
 	if errors.Is(err, holdfast.ErrNotHeld) && errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
-		h.p.s.checkSoon() // an Unlock found the key taken: look at the others
+		a.p.s.checkSoon() // an Unlock found the key taken: look at the others
 	}
 	return err
 }
 
 // drop leaves the holders as the session closes, handing the permit on.
-func (h *permitHold) drop(ctx context.Context, _ *Grant) error { return h.p.leave(ctx, leaveRelease) }
+func (a *pacq) drop(ctx context.Context, _ *Grant) error { return a.p.leave(ctx, leaveRelease) }
 
-// leave removes us from the holders, admitting the waiters that then fit,
-// and deletes our key (Downgrade: makes us a reader), or deletes a
-// waiter's. An error wraps holdfast.ErrNotHeld if our session no longer
-// holds the key (a cleanup has nothing to do then); errStale after races.
+// leave removes us from the holders and the queue, admitting the waiters
+// that then fit (Downgrade: makes us a reader). An error wraps
+// holdfast.ErrNotHeld if our session no longer holds our key.
 func (p *permits) leave(ctx context.Context, how leaveMode) error {
 	return raceBackoff.Retry(ctx, func(ctx context.Context) error { return p.leaveOnce(ctx, how) })
 }

@@ -14,9 +14,8 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// The keys of Semaphore and RWMutex, what a read of them says, and the lock
-// key's JSON; permitwait.go takes a permit, permitleave.go ends one
-// (docs/DESIGN.md, "Consul semaphore and read-write lock").
+// The keys of Semaphore and RWMutex and what a read of them says (steps:
+// docs/DESIGN.md, "Consul semaphore and read-write lock").
 
 // RWMutexFlagValue is the flags value of an RWMutex's keys ("holdrwlk" in
 // ASCII); other kinds of lock refuse a lock key with these flags.
@@ -75,15 +74,8 @@ func newPermits(s *Session, name string, limit int) (*permits, error) {
 // fits reports whether a contender (exclusive: a writer) may be admitted
 // beside the holders of st: within the limit, and no writer with anyone.
 func (p *permits) fits(st permitState, exclusive bool) bool {
-	if p.limit > 0 && len(st.holders) >= p.limit || exclusive && writerAlone() && len(st.holders) > 0 {
-		return false
-	}
-	for _, x := range st.holders {
-		if x {
-			return false
-		}
-	}
-	return true
+	n, writer := len(st.holders), slices.Contains(slices.Collect(maps.Values(st.holders)), true)
+	return !(p.limit > 0 && n >= p.limit) && !(exclusive && writerAlone() && n > 0) && !writer
 }
 
 // contender is a holdfast contender key that waits.
@@ -124,9 +116,7 @@ func (p *permits) parse(kvs []*api.KVPair) pview {
 	slices.SortFunc(kvs, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
 	for _, e := range kvs {
 		v.index = max(v.index, e.ModifyIndex)
-		if e.Session != "" {
-			live[e.Session] = true // api.Semaphore's rule for a live holder
-		}
+		live[e.Session] = e.Session != "" // api.Semaphore's rule for a live holder
 		if e.Key == p.myKey && e.Session == p.s.id && e.Flags == p.flags {
 			v.me = e
 		}
@@ -150,10 +140,9 @@ func (p *permits) parse(kvs []*api.KVPair) pview {
 	return v
 }
 
-// holders returns the holders in lock (none if absent or another kind's:
-// dead, our admission's CAS replaces it), or an error wrapping
-// holdfast.ErrConflict: a live lock of another kind, a value we cannot
-// decode, another limit.
+// holders returns the holders in lock (none if absent or a dead lock of
+// another kind, which our admission's CAS replaces), or an error wrapping
+// holdfast.ErrConflict: a live one, a value we cannot decode, another limit.
 func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, error) {
 	none := permitState{limit: p.limit, holders: map[string]bool{}}
 	if lock == nil {
@@ -175,10 +164,9 @@ func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, err
 	return st, nil
 }
 
-// classify notes in v the key e, other than the lock key: a holdfast waiter
-// of our kind, a foreign contender, a dead Semaphore's or RWMutex's
-// contender key, or a conflict. Other keys held by no session are nobody's
-// lock (a plain data key, a dead Mutex's tail): left alone.
+// classify notes in v the key e, other than the lock key: a waiter of our
+// kind, a foreign contender, a dead contender key, or a conflict. Other
+// keys held by no session (plain data, a dead Mutex's tail) are left alone.
 func (p *permits) classify(v *pview, e *api.KVPair) {
 	rest := strings.TrimPrefix(e.Key, p.prefix)
 	shaped := rest != "" && !strings.Contains(rest, "/") && rest[0] != '.'
@@ -232,8 +220,8 @@ func (p *permits) admit(st permitState, ws []contender) (permitState, []contende
 	return st, ws
 }
 
-// writeOps store st in the lock key by CAS at its index in v, and mark the
-// keys of the waiters in, whose token is this write's index.
+// writeOps store st in the lock key (CAS at its index in v) and mark the
+// keys of the waiters in admitted: this write's index is their token.
 func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 	var index uint64
 	value := encodeLock(st)
@@ -257,9 +245,9 @@ func (p *permits) writeOps(v pview, st permitState, in []contender) api.TxnOps {
 // roomy reports whether st leaves a permit (a read grant) free.
 func (p *permits) roomy(st permitState) bool { return p.fits(st, false) }
 
-// read returns the subtree; ordered (a cleanup's), in a transaction that
-// also deletes a key that never exists: a write, applied after the writes
-// sent before it, so that an abandoned join or admission of ours is seen.
+// read returns the subtree; ordered, after the writes sent before it (a
+// delete of a key that never exists makes the read a write), so that a
+// cleanup sees an abandoned join or admission of ours.
 func (p *permits) read(ctx context.Context, ordered bool) (pview, error) {
 	ops := api.TxnOps{kvOp(api.KVGetTree, p.prefix)}
 	if ordered {
@@ -301,9 +289,8 @@ type semaphoreLock struct {
 	Holders map[string]bool
 }
 
-// decodeSemaphoreLock decodes a Semaphore's lock value as api.Semaphore
-// does: every name in Holders holds a permit (whatever its boolean). A value
-// that is not such JSON, or a limit below 1, is an error.
+// decodeSemaphoreLock decodes api.Semaphore's lock value as it does (every
+// name in Holders holds a permit); a limit below 1 is an error.
 func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
 	st := permitState{limit: limit, holders: map[string]bool{}}
 	if len(value) == 0 {
@@ -322,9 +309,8 @@ func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
 	return st, nil
 }
 
-// decodeRWLock decodes an RWMutex's lock value,
-// {"Holders":{"<session>":"read"|"write"}}; another mode, or a writer beside
-// anyone, is an error.
+// decodeRWLock decodes {"Holders":{"<session>":"read"|"write"}}, an
+// RWMutex's lock value; a writer beside anyone is an error.
 func decodeRWLock(value []byte) (permitState, error) {
 	st := permitState{holders: map[string]bool{}}
 	var l struct{ Holders map[string]string }

@@ -21,12 +21,14 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool, reentry *cor
 	return acquire(ctx, p.s, p.name, try, reentry, &pacq{p: p, exclusive: exclusive})
 }
 
-// pacq is one acquisition of a permit (a joiner).
+// pacq is one acquisition of a permit (a joiner), then its grant's
+// releaser (permitleave.go).
 type pacq struct {
 	p         *permits
 	exclusive bool
-	left      bool // something of ours may be in Consul
-	uncertain bool // a write got no answer (see Session.sweepLater)
+	left      bool   // something of ours may be in Consul
+	uncertain bool   // a write got no answer (see Session.sweepLater)
+	free      func() // frees the name in-process once the grant ended
 }
 
 func (a *pacq) join(ctx context.Context, try bool) (uint64, error) {
@@ -38,13 +40,11 @@ func (a *pacq) join(ctx context.Context, try bool) (uint64, error) {
 
 func (a *pacq) cleanup() (leftover, bool, bool) { return a.p.leftover(), a.left, a.uncertain }
 
+// grant wraps our admitted contender key in a Grant that a releases.
 func (a *pacq) grant(token uint64, free func()) (*Grant, error) {
-	return a.p.grant(token, a.exclusive, free)
-}
-
-// grant wraps our admitted contender key in a Grant.
-func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, error) {
-	g := &Grant{s: p.s, prefix: p.prefix, rel: &permitHold{p: p, exclusive: exclusive, free: free}}
+	p := a.p
+	a.free = free
+	g := &Grant{s: p.s, prefix: p.prefix, rel: a}
 	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), (*ending)(g), free)
 	p.s.hold(g)
 	if g.Context().Err() != nil {
@@ -53,8 +53,7 @@ func (p *permits) grant(token uint64, exclusive bool, free func()) (*Grant, erro
 	return g, nil
 }
 
-// leftover removes what a failed acquisition or Downgrade left: our key,
-// our place among the holders.
+// leftover removes our key and our place among the holders.
 func (p *permits) leftover() leftover {
 	return leftover{name: p.name, fn: func(ctx context.Context) error { return p.leave(ctx, leaveCleanup) }}
 }
@@ -98,9 +97,8 @@ func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, try, after bool) (u
 	return resp.Results[1].KV.ModifyIndex, nil
 }
 
-// send sends a transaction that writes our key. The end of our session is
-// its error; a race (the keys changed) is an error wrapping the *rollback,
-// an ACL refusal one that does not (see txnError).
+// send sends a transaction that writes our key: a race is an error wrapping
+// the *rollback; an ACL refusal (txnError) or our session's end is not.
 func (a *pacq) send(ctx context.Context, what string, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
 	a.left = true
 	resp, err := a.p.write(ctx, ops, after)
@@ -195,10 +193,9 @@ func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, err
 	return 0, nil
 }
 
-// atHead is the wait of the head, whose view v has no room for it: if
-// patient, on its own key for handoffPatience; then on the subtree, as
-// api.Semaphore's waiter does, admitting itself once there is room. 0: the
-// caller reads again.
+// atHead is the wait of the head, whose view v has no room: if patient, on
+// its own key for handoffPatience; then on the subtree (as api.Semaphore's
+// waiter), admitting itself once there is room. 0: the caller reads again.
 func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error) {
 	p := a.p
 	if patient {

@@ -66,14 +66,14 @@ func (m *RWMutex) TryRLock(ctx context.Context) (*Grant, error) {
 // if the outcome is unknown, the session releases the lock in the
 // background. If w is not a write grant of m: holdfast.ErrInvalidArgument.
 func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
-	var h *permitHold
+	var a *pacq
 	if w != nil {
-		h, _ = w.rel.(*permitHold)
+		a, _ = w.rel.(*pacq)
 	}
 	switch {
 	case ctx == nil:
 		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	case h == nil || h.p != m.p || !h.exclusive:
+	case a == nil || a.p != m.p || !a.exclusive:
 		return nil, fmt.Errorf("%w: not a write grant of %s", holdfast.ErrInvalidArgument, m.p.name)
 	case !w.base.Handover(): // w ends; the read grant takes its key and name slot over
 		return nil, w.base.NotHeld()
@@ -85,10 +85,10 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	ctx, stop := context.WithTimeout(ctx, requestTimeout)
 	defer stop()
 	if err := p.leave(ctx, leaveDowngrade); err != nil {
-		s.cleanUp(p.leftover(), h.free)
+		s.cleanUp(p.leftover(), a.free)
 		return nil, fmt.Errorf("holdfast/consul: downgrade %s: %w", p.name, err)
 	}
-	g, err := p.grant(uint64(w.Token()), false, h.free)
+	g, err := (&pacq{p: p}).grant(uint64(w.Token()), a.free)
 	if err != nil {
 		return nil, err
 	}

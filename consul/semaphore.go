@@ -40,10 +40,8 @@ func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOptio
 	return &Semaphore{p: p, reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant}}, nil
 }
 
-// Lock waits for a permit until ctx is done or the session ends. Its errors
-// and cleanup are Mutex.Lock's: it returns within milliseconds of ctx
-// ending, and the session removes what the call left in the background
-// (again 0.25 to 14.25 s later if a write's outcome was unknown).
+// Lock waits for a permit until ctx is done or the session ends; its errors
+// and cleanup are Mutex.Lock's.
 func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, false, &m.reentry)
 }

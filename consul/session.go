@@ -38,16 +38,13 @@ const (
 )
 
 type sessionConfig struct {
+	core.SessionOptions
 	ttl        time.Duration
-	margin     time.Duration
-	marginSet  bool // else margin = TTL/5
 	lockDelay  time.Duration
 	behavior   string
 	nodeChecks []string
 	name       string
 	dial       dialConfig // options for Dial's own client (see tls.go)
-	observers  []holdfast.Observer
-	logger     *slog.Logger
 }
 
 // SessionOption configures NewSession.
@@ -64,7 +61,7 @@ func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.
 // before Consul can invalidate the session if the clocks' rates differ by
 // less than margin/TTL and only the TTL invalidates it.
 func WithMargin(d time.Duration) SessionOption {
-	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
+	return func(c *sessionConfig) { c.Margin, c.MarginSet = d, true }
 }
 
 // WithLockDelay sets the session's lock-delay (default 15 s, Consul's): for
@@ -95,14 +92,14 @@ func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c
 // WithObserver adds an observer of the session's events (package metrics
 // has one for Prometheus), called synchronously: it must not block.
 func WithObserver(o holdfast.Observer) SessionOption {
-	return func(c *sessionConfig) { c.observers = append(c.observers, o) }
+	return func(c *sessionConfig) { c.Observers = append(c.Observers, o) }
 }
 
 // WithLogger logs the session's events to l (grants and the end Info,
 // releases Debug, losses and renewal failures Warn), with the attributes
 // store=consul and session=<ID>. Without it, holdfast logs nothing.
 func WithLogger(l *slog.Logger) SessionOption {
-	return func(c *sessionConfig) { c.logger = cmp.Or(l, c.logger) }
+	return func(c *sessionConfig) { c.Logger = cmp.Or(l, c.Logger) }
 }
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
@@ -132,7 +129,7 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 		return c, err
 	}
 	var err error
-	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
+	c.Margin, err = core.Margin(c.ttl, c.Margin, c.MarginSet)
 	return c, err
 }
 
@@ -223,16 +220,12 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 		owned:     owned,
 		id:        id,
 		cfg:       cfg,
-		keeper:    core.NewKeeper(sent, cfg.ttl, cfg.margin),
+		keeper:    cfg.NewKeeper(sent, cfg.ttl, "store", "consul", "session", id),
 		checkNow:  make(chan struct{}, 1),
 		held:      make(map[string]*Grant),
 		delays:    make(map[string]time.Duration),
 		abandoned: make(map[string]leftover),
 	}
-	if cfg.logger != nil {
-		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "consul", "session", id))
-	}
-	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
 	var bctx context.Context
 	bctx, s.stop = context.WithCancel(context.Background())
@@ -325,7 +318,7 @@ func (s *Session) renewOnce(ctx context.Context, sent time.Time) error {
 	if d, err := time.ParseDuration(entries[0].TTL); err == nil && d > 0 && d < ttl {
 		ttl = d
 	}
-	s.keeper.Renewed(sent, ttl, s.cfg.margin)
+	s.keeper.Renewed(sent, ttl, s.cfg.Margin)
 	return nil
 }
 

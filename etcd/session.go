@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,12 +41,9 @@ const (
 )
 
 type sessionConfig struct {
-	ttl       time.Duration
-	margin    time.Duration
-	marginSet bool       // else margin = TTL/5
-	dial      dialConfig // options for Dial's own client (see tls.go)
-	observers []holdfast.Observer
-	logger    *slog.Logger
+	core.SessionOptions
+	ttl  time.Duration
+	dial dialConfig // options for Dial's own client (see tls.go)
 }
 
 // SessionOption configures NewSession.
@@ -70,14 +68,14 @@ func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { 
 // cancellation within the rest of the margin. Clocks need not be
 // synchronized, and wall-clock jumps do not matter.
 func WithMargin(m time.Duration) SessionOption {
-	return func(c *sessionConfig) { c.margin, c.marginSet = m, true }
+	return func(c *sessionConfig) { c.Margin, c.MarginSet = m, true }
 }
 
 // WithObserver adds an observer of the session's events (grants, their
 // ends, renewal failures, the session's end): package metrics provides one
 // for Prometheus. Observers are called synchronously and must not block.
 func WithObserver(o holdfast.Observer) SessionOption {
-	return func(c *sessionConfig) { c.observers = append(c.observers, o) }
+	return func(c *sessionConfig) { c.Observers = append(c.Observers, o) }
 }
 
 // WithLogger logs the session's events to l with log/slog: grants (Info),
@@ -95,11 +93,7 @@ func WithObserver(o holdfast.Observer) SessionOption {
 // the holder's grant context ends, so only fencing keeps the resource
 // safe (see the README's guarantees).
 func WithLogger(l *slog.Logger) SessionOption {
-	return func(c *sessionConfig) {
-		if l != nil {
-			c.logger = l
-		}
-	}
+	return func(c *sessionConfig) { c.Logger = cmp.Or(l, c.Logger) }
 }
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
@@ -119,7 +113,7 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 		return c, err
 	}
 	var err error
-	c.margin, err = core.Margin(c.ttl, c.margin, c.marginSet)
+	c.Margin, err = core.Margin(c.ttl, c.Margin, c.MarginSet)
 	return c, err
 }
 
@@ -244,15 +238,11 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 		client:    client,
 		lease:     resp.ID,
 		cfg:       cfg,
-		keeper:    core.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), cfg.margin),
+		keeper:    cfg.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), "store", "etcd", "lease", fmt.Sprintf("%x", int64(resp.ID))),
 		renewDone: make(chan struct{}),
 	}
-	if cfg.logger != nil {
-		s.keeper.SetObservers(core.LogObserver(cfg.logger, "store", "etcd", "lease", fmt.Sprintf("%x", int64(resp.ID))))
-	}
-	s.keeper.SetObservers(cfg.observers...)
 	s.bg = core.NewBackground(s.keeper.Context())
-	if cfg.logger != nil {
+	if cfg.Logger != nil {
 		s.bg.Go(s.warnEarlyRevoke)
 	}
 	s.watcher = newWatcher(s)
@@ -271,7 +261,7 @@ func (s *Session) warnEarlyRevoke(ctx context.Context) {
 		resp, err := s.client.Status(sctx, ep)
 		cancel()
 		if err == nil && revokesEarly(resp.Version) {
-			s.cfg.logger.Warn("etcd server revokes leases early: after a paused or cut-off leader resumes, a lock may be granted to another client before the holder's grant context ends; fence the resource, or run etcd 3.4.31, 3.5.13, 3.6.0 or later (etcd #15247, fixed by #16822)",
+			s.cfg.Logger.Warn("etcd server revokes leases early: after a paused or cut-off leader resumes, a lock may be granted to another client before the holder's grant context ends; fence the resource, or run etcd 3.4.31, 3.5.13, 3.6.0 or later (etcd #15247, fixed by #16822)",
 				"store", "etcd", "endpoint", ep, "version", resp.Version)
 		}
 	}
@@ -355,7 +345,7 @@ func (s *Session) keepAlive(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil:
-		s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.margin)
+		s.keeper.Renewed(sent, grantedTTL(s.cfg.ttl, resp.TTL), s.cfg.Margin)
 		return nil
 	case errors.Is(storeErr(err), holdfast.ErrSessionLost):
 		return fmt.Errorf("%w: lease %x expired or was revoked", holdfast.ErrSessionLost, int64(s.lease))

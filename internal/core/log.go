@@ -52,3 +52,23 @@ func (o logObserver) SessionEnded(cause error) {
 	}
 	o.l.LogAttrs(context.Background(), level, "holdfast: session ended", slog.Any("cause", cause))
 }
+
+// SessionOptions is what the session options both backends share set
+// (WithMargin, WithObserver, WithLogger).
+type SessionOptions struct {
+	Margin    time.Duration
+	MarginSet bool // else TTL/5
+	Observers []holdfast.Observer
+	Logger    *slog.Logger
+}
+
+// NewKeeper is NewKeeper with o's margin and observers, the logger's first
+// (logging attrs with each event).
+func (o SessionOptions) NewKeeper(sent time.Time, ttl time.Duration, attrs ...any) *Keeper {
+	k := NewKeeper(sent, ttl, o.Margin)
+	if o.Logger != nil {
+		k.SetObservers(LogObserver(o.Logger, attrs...))
+	}
+	k.SetObservers(o.Observers...)
+	return k
+}

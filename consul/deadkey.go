@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/consul/api"
@@ -12,28 +13,21 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// liveUnder returns the key among pairs (the keys under a name) that keeps
-// lock, the name's lock key of another kind, alive: lock itself if a
-// session holds it, else a key not own held by one (every contender of a
-// Semaphore, an RWMutex, `consul lock -n` and a Mutex's queue holds a key
-// with its session). Dead (nil), lock is replaced by the caller's take,
-// guarded by the index read; live, the name is refused (otherKindError).
-func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool) *api.KVPair {
-	if semaphoreHeld(lock) {
-		return lock
-	}
-	for _, e := range pairs {
-		if e.Key != lock.Key && semaphoreHeld(e) && !own(e) {
-			return e
+// liveUnder returns nil if lock, a name's lock key of another kind, is
+// dead: no session holds it, nor a key among pairs (the keys under the name)
+// but own's (every contender of a Semaphore, an RWMutex, `consul lock -n`
+// and a Mutex's queue holds one). The caller's take then replaces it,
+// guarded by the index read. Live, the error wraps holdfast.ErrConflict and
+// says how to free the name; what is the caller's kind ("a Mutex").
+func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool, what string) error {
+	live := lock
+	if !semaphoreHeld(lock) {
+		i := slices.IndexFunc(pairs, func(e *api.KVPair) bool { return e.Key != lock.Key && semaphoreHeld(e) && !own(e) })
+		if i < 0 {
+			return nil
 		}
+		live = pairs[i]
 	}
-	return nil
-}
-
-// otherKindError is the error for lock, kept alive by live: it wraps
-// holdfast.ErrConflict and says how to free the name; what is the caller's
-// kind ("a Mutex").
-func otherKindError(lock, live *api.KVPair, prefix, what string) error {
 	kind := cmp.Or(map[uint64]string{
 		api.LockFlagValue:      "a lock's (api.Lock, `consul lock`, a holdfast Mutex or Election)",
 		api.SemaphoreFlagValue: "a semaphore's (api.Semaphore, `consul lock -n`, a holdfast Semaphore)",
@@ -42,7 +36,7 @@ func otherKindError(lock, live *api.KVPair, prefix, what string) error {
 	return fmt.Errorf("%w: %s is %s (flags %#x), and %s is held by live session %s; "+
 		"%s takes the name once no session holds a key under %s (a killed holder's session holds one until Consul ends it: its TTL, or its node's check); "+
 		"to free it by hand, stop that lock's users and run `consul kv delete %s`",
-		holdfast.ErrConflict, lock.Key, kind, lock.Flags, live.Key, live.Session, what, prefix, lock.Key)
+		holdfast.ErrConflict, lock.Key, kind, lock.Flags, live.Key, live.Session, what, strings.TrimSuffix(lock.Key, ".lock"), lock.Key)
 }
 
 // compatible returns an error wrapping holdfast.ErrConflict if a live lock
@@ -84,8 +78,5 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 		return err
 	}
 	own := func(e *api.KVPair) bool { return e.Key == m.tailKey() || strings.HasPrefix(e.Key, m.queuePrefix()) }
-	if live := liveUnder(latest(resp.Results), lock, own); live != nil {
-		return otherKindError(lock, live, m.prefix(), "a holdfast Mutex or Election")
-	}
-	return nil
+	return liveUnder(latest(resp.Results), lock, own, "a holdfast Mutex or Election")
 }

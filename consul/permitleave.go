@@ -19,9 +19,8 @@ import (
 // maxLeaveAttempts bounds a leave's (and Mutex.repairTail's) lost races.
 const maxLeaveAttempts = 8
 
-// raceBackoff paces the writes of the lock key that lost a race (errStale):
-// from 2 ms, not core.Backoff's 50 ms, since a fresh read answers a lost
-// race within milliseconds. Other errors go to the caller's core.Retry.
+// raceBackoff paces the writes of the lock key that lost a race (errStale)
+// from 2 ms, not core.Backoff's 50 ms: a fresh read answers at once.
 var raceBackoff = core.Backoff{
 	First: 2 * time.Millisecond, Max: 64 * time.Millisecond, Jitter: true, Tries: maxLeaveAttempts,
 	Final: func(err error) bool { return !errors.Is(err, errStale) },
@@ -133,8 +132,7 @@ func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, aft
 }
 
 // passOn admits the waiters that fit in v, the subtree as a write of ours
-// left it with room (step 6): those that joined between our read and our
-// write. Best effort: on an error they read again after blockWait.
+// left it with room (step 6). Best effort: else they re-read in blockWait.
 func (p *permits) passOn(ctx context.Context, v pview) {
 	reread := false
 	_ = raceBackoff.Retry(ctx, func(ctx context.Context) (err error) {

@@ -21,15 +21,14 @@ import (
 // ASCII); other kinds of lock refuse a lock key with these flags.
 const RWMutexFlagValue uint64 = 0x686f6c6472776c6b
 
-// Values of holdfast's contender keys: the mode it waits for, then valHeld
-// (valHeldNext: the next waiter too), set by the write that admits it. Other
-// values are foreign contenders' (api.Semaphore, `consul lock -n`).
+// Values of holdfast's contender keys: the mode it waits for, then the
+// admitted ones. Other values are foreign (api.Semaphore, `consul lock -n`).
 const (
-	valWait       = "holdfast"       // a Semaphore's waiter
-	valRead       = "holdfast read"  // an RWMutex's waiting reader
-	valWrite      = "holdfast write" // an RWMutex's waiting writer
-	valHeld       = "holdfast held"
-	valHeldNext   = "holdfast held+next"
+	valWait       = "holdfast"                  // a Semaphore's waiter
+	valRead       = "holdfast read"             // an RWMutex's waiting reader
+	valWrite      = "holdfast write"            // an RWMutex's waiting writer
+	valHeld       = "holdfast held"             // set by the write that admits it
+	valHeldNext   = "holdfast held+next"        // that write admitted the next waiter too
 	valDowngraded = "holdfast held, downgraded" // keeps the write grant's token
 )
 
@@ -149,10 +148,7 @@ func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, err
 		return none, nil
 	}
 	if lock.Flags != p.flags {
-		if l := liveUnder(kvs, lock, func(e *api.KVPair) bool { return e.Flags == p.flags }); l != nil {
-			return none, otherKindError(lock, l, p.prefix, "a holdfast "+p.what)
-		}
-		return none, nil
+		return none, liveUnder(kvs, lock, func(e *api.KVPair) bool { return e.Flags == p.flags }, "a holdfast "+p.what)
 	}
 	st, err := p.decode(lock.Value, p.limit)
 	switch {
@@ -293,11 +289,10 @@ type semaphoreLock struct {
 // name in Holders holds a permit); a limit below 1 is an error.
 func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
 	st := permitState{limit: limit, holders: map[string]bool{}}
+	var l semaphoreLock
 	if len(value) == 0 {
 		return st, nil
-	}
-	var l semaphoreLock
-	if err := json.Unmarshal(value, &l); err != nil {
+	} else if err := json.Unmarshal(value, &l); err != nil {
 		return permitState{}, fmt.Errorf("not a semaphore's JSON value: %w", err)
 	}
 	if st.limit = l.Limit; l.Limit < 1 {

@@ -153,24 +153,19 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 			continue
 		}
 		joins = 0
-		if token, err := a.waitOnce(ctx, v); err != nil || token != 0 {
+		var token uint64
+		var full bool
+		if v.pos > 0 { // 3. behind others
+			token, err = a.behind(ctx, v, v.waiters[v.pos-1])
+		} else if token, full, err = a.tryHead(ctx, v); full { // 4. the head admits itself
+			// Patient only if .lock moved since we joined (releases hand permits on).
+			token, err = a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
+		}
+		if err != nil || token != 0 {
 			return token, err
 		}
 		v, err = p.read(ctx, false) // a re-read prunes dead holders
 	}
-}
-
-// waitOnce is one wait, queued in v; 0: the caller reads again.
-func (a *pacq) waitOnce(ctx context.Context, v pview) (uint64, error) {
-	if v.pos > 0 { // 3. behind others
-		return a.behind(ctx, v, v.waiters[v.pos-1])
-	}
-	token, full, err := a.tryHead(ctx, v) // 4. the head admits itself
-	if !full {
-		return token, err
-	}
-	// Patient only if .lock moved since we joined (releases hand permits on).
-	return a.atHead(ctx, v, v.lock != nil && v.lock.ModifyIndex > v.me.CreateIndex && !v.foreign)
 }
 
 // handoffPatience is how long the head waits on its own key, which a

@@ -23,8 +23,7 @@ type RWMutex struct {
 var _ holdfast.GrantLocker[*Grant] = (*RWMutex)(nil)
 
 // NewRWMutex returns the read-write lock called name, used through session
-// s. The name follows holdfast.ValidateName. No request is made.
-// holdfast.WithReentrant is refused with holdfast.ErrInvalidArgument.
+// s, without a request; holdfast.WithReentrant is ErrInvalidArgument.
 func NewRWMutex(s *Session, name string, opts ...holdfast.LockOption) (*RWMutex, error) {
 	if options.ApplyLock(opts).Reentrant {
 		return nil, fmt.Errorf("%w: a read-write lock is not reentrant", holdfast.ErrInvalidArgument)

@@ -9,14 +9,13 @@ import (
 	"github.com/holdfast/holdfast/internal/options"
 )
 
-// Semaphore is a distributed counting semaphore on Consul: at most Limit
+// Semaphore is a distributed counting semaphore on Consul: at most limit
 // sessions hold a permit at once, first come, first served among holdfast
 // contenders, one permit per session per name. It shares its permits with
-// api.Semaphore and `consul lock -n N <name> cmd` (their layout: see
-// docs/DESIGN.md). A permit's token is the ModifyIndex of the write that
-// admitted it: permits admitted by one write share it, later admissions
-// have higher ones. A client with another limit, or a name used by another
-// kind of lock, fails with an error wrapping holdfast.ErrConflict.
+// api.Semaphore and `consul lock -n N <name> cmd`. A permit's token is the
+// ModifyIndex of the write that admitted it (shared by the permits one write
+// admits). Another limit, or another kind of lock on the name, is an error
+// wrapping holdfast.ErrConflict.
 type Semaphore struct {
 	p       *permits
 	reentry core.Reentry[*Grant]
@@ -24,11 +23,10 @@ type Semaphore struct {
 
 var _ holdfast.GrantLocker[*Grant] = (*Semaphore)(nil)
 
-// NewSemaphore returns the semaphore called name (api.Semaphore's prefix)
-// with the given limit, used through session s. The name follows
-// holdfast.ValidateName; limit < 1 is an error wrapping
-// holdfast.ErrInvalidArgument. No request is made. holdfast.WithReentrant
-// makes a Lock through a Semaphore that holds a permit return it again.
+// NewSemaphore returns the semaphore called name (api.Semaphore's prefix),
+// used through session s, without a request. The name follows
+// holdfast.ValidateName; limit < 1 is holdfast.ErrInvalidArgument.
+// holdfast.WithReentrant makes a Lock that holds a permit return it again.
 func NewSemaphore(s *Session, name string, limit int, opts ...holdfast.LockOption) (*Semaphore, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: semaphore limit %d; it must be at least 1", holdfast.ErrInvalidArgument, limit)
@@ -47,8 +45,8 @@ func (m *Semaphore) Lock(ctx context.Context) (*Grant, error) {
 }
 
 // TryLock takes a permit only if one is free and no holdfast contender
-// waits, with one read and one transaction; otherwise it returns an error
-// wrapping holdfast.ErrLocked after the read, having written nothing.
+// waits (a read, then a transaction); otherwise it returns an error wrapping
+// holdfast.ErrLocked, having written nothing.
 func (m *Semaphore) TryLock(ctx context.Context) (*Grant, error) {
 	return m.p.acquire(ctx, false, true, &m.reentry)
 }

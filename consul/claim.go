@@ -54,13 +54,10 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 // passed when it was called or answered (the period is then recorded). It
 // costs a read, a session creation and a transaction, bounded by ctx.
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := core.CheckPeriod(period); err != nil {
+	period, err = core.CheckPeriod(ctx, period)
+	if err != nil {
 		return nil, err
 	}
-	period = period.UTC()
 	if claimPeriodOver(period, o.sched.Every, time.Now()) {
 		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}

@@ -71,13 +71,10 @@ func (o *Once) Claim(ctx context.Context) (*Claim, error) {
 // (bounded; else in the background while the session lives, and by its
 // TTL anyway).
 func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
-	}
-	if err := core.CheckPeriod(period); err != nil {
+	period, err := core.CheckPeriod(ctx, period)
+	if err != nil {
 		return nil, err
 	}
-	period = period.UTC()
 	if claimPeriodOver(period, o.sched.Every, time.Now()) {
 		return nil, core.PeriodOver(o.name, period, o.sched.Every)
 	}

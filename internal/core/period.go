@@ -26,14 +26,18 @@ func ParsePeriod(v []byte) (period time.Time, ok bool) {
 	return t, err == nil
 }
 
-// CheckPeriod returns an error wrapping holdfast.ErrInvalidArgument if
-// period cannot be recorded (its year is not 1000 to 9999, where the
-// record's values keep their order as bytes).
-func CheckPeriod(period time.Time) error {
-	if y := period.UTC().Year(); y < 1000 || y > 9999 {
-		return fmt.Errorf("%w: period %v: want a year from 1000 to 9999", holdfast.ErrInvalidArgument, period)
+// CheckPeriod checks ClaimPeriod's arguments and returns period in UTC:
+// an error wrapping holdfast.ErrInvalidArgument if ctx is nil or period
+// cannot be recorded (its year is not 1000 to 9999, where the record's
+// values keep their order as bytes).
+func CheckPeriod(ctx context.Context, period time.Time) (time.Time, error) {
+	if ctx == nil {
+		return period, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	return nil
+	if y := period.UTC().Year(); y < 1000 || y > 9999 {
+		return period, fmt.Errorf("%w: period %v: want a year from 1000 to 9999", holdfast.ErrInvalidArgument, period)
+	}
+	return period.UTC(), nil
 }
 
 // WaitAtLeast waits until the earlier of until and g's deadline, while g is

@@ -3,7 +3,6 @@ package consul
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -40,7 +39,7 @@ func liveUnder(pairs []*api.KVPair, lock *api.KVPair, own func(*api.KVPair) bool
 }
 
 // compatible returns an error wrapping holdfast.ErrConflict if a live lock
-// of a longer name, or a contender of a semaphore, lies under "<name>/".
+// (a longer name's, a semaphore's contender) lies under "<name>/".
 func (m *Mutex) compatible(v view) error {
 	if v.other != "" {
 		return fmt.Errorf("%w: %q is under %s/: a lock on %s would cover a lock of a longer name", holdfast.ErrConflict, v.other, m.name, m.name)
@@ -48,8 +47,8 @@ func (m *Mutex) compatible(v view) error {
 	return nil
 }
 
-// compatibleLock returns an error wrapping holdfast.ErrConflict if the lock
-// key exists with flags other than a lock's (a semaphore's, say).
+// compatibleLock returns an error wrapping holdfast.ErrConflict if lock is
+// another kind's (a semaphore's, say).
 func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 	if otherKind(lock) {
 		return fmt.Errorf("%w: %s has flags %#x, not a lock's %#x", holdfast.ErrConflict, m.lockKey(), lock.Flags, uint64(api.LockFlagValue))
@@ -61,8 +60,7 @@ func (m *Mutex) compatibleLock(lock *api.KVPair) error {
 func otherKind(lock *api.KVPair) bool { return lock != nil && lock.Flags != api.LockFlagValue }
 
 // deadLock returns nil if lock, the lock key as read, is a lock's or a dead
-// one of another kind (see liveUnder), else an error wrapping
-// holdfast.ErrConflict.
+// one of another kind (see liveUnder), else its error.
 func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	if !otherKind(lock) {
 		return nil
@@ -70,11 +68,7 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix())})
-	var rb *rollback
-	switch {
-	case errors.As(err, &rb):
-		return txnError("read "+m.prefix(), rb)
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	own := func(e *api.KVPair) bool { return e.Key == m.tailKey() || strings.HasPrefix(e.Key, m.queuePrefix()) }

@@ -13,8 +13,7 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// How a permit ends, and the handoffs that makes (steps 2, 5 and 6 of
-// docs/DESIGN.md, "Consul semaphore and read-write lock").
+// How a permit ends: steps 2, 5 and 6 of DESIGN.md's Consul semaphore.
 
 // maxLeaveAttempts bounds a leave's (and Mutex.repairTail's) lost races.
 const maxLeaveAttempts = 8
@@ -54,8 +53,7 @@ func (p *permits) leave(ctx context.Context, how leaveMode) error {
 	return raceBackoff.Retry(ctx, func(ctx context.Context) error { return p.leaveOnce(ctx, how) })
 }
 
-// leaveOnce is one attempt of leave: a read, then one transaction guarded
-// by our session holding our key and by CAS on the lock key.
+// leaveOnce is one attempt: a read, then one guarded transaction.
 func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 	v, err := p.read(ctx, how == leaveCleanup)
 	if err != nil {

@@ -126,13 +126,8 @@ func (p *permits) parse(kvs []*api.KVPair) pview {
 		}
 	}
 	st, err := p.holders(v.lock, kvs)
-	v.err = cmp.Or(err, v.err)
-	for h := range st.holders {
-		if prunable(live, h) {
-			delete(st.holders, h)
-		}
-	}
-	v.st = st
+	v.st, v.err = st, cmp.Or(err, v.err)
+	maps.DeleteFunc(st.holders, func(h string, _ bool) bool { return prunable(live, h) })
 	if v.me != nil {
 		v.pos = slices.IndexFunc(v.waiters, func(w contender) bool { return w.key == p.myKey })
 	}

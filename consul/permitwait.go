@@ -13,8 +13,7 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// How a permit is taken (steps 1, 3 and 4 of docs/DESIGN.md, "Consul
-// semaphore and read-write lock"), run by the driver (acquire.go).
+// How a permit is taken: steps 1, 3 and 4 of DESIGN.md's Consul semaphore.
 
 // acquire runs Lock or (try) TryLock, reentrant if reentry is set.
 func (p *permits) acquire(ctx context.Context, exclusive, try bool, reentry *core.Reentry[*Grant]) (*Grant, error) {
@@ -195,14 +194,10 @@ func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error
 	p := a.p
 	if patient {
 		pair, err := p.s.watchKey(ctx, p.myKey, v.me.ModifyIndex, handoffPatience)
-		switch {
-		case err != nil:
-			return 0, err
-		case pair == nil:
-		case pair.Session == p.s.id && held(string(pair.Value)):
+		if err == nil && pair != nil && pair.Session == p.s.id && held(string(pair.Value)) {
 			return pair.ModifyIndex, nil
-		default:
-			return 0, nil // our key changed otherwise
+		} else if err != nil || pair != nil {
+			return 0, err // our key changed otherwise: the caller reads again
 		}
 	}
 	for {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 // The session TTLs (MinTTL, the server's default session_ttl_min, to
@@ -110,11 +111,7 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 		name:       "holdfast",
 		nodeChecks: []string{},
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
+	options.Apply(&c, opts)
 	switch {
 	case c.ttl < MinTTL || c.ttl > MaxTTL:
 		return c, fmt.Errorf("%w: %v is outside Consul's session TTL range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, MaxTTL)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
+	"github.com/holdfast/holdfast/internal/options"
 )
 
 // MinTTL is the shortest lease TTL etcd grants with its default election
@@ -98,11 +99,7 @@ func WithLogger(l *slog.Logger) SessionOption {
 
 func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	c := sessionConfig{ttl: defaultTTL}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
+	options.Apply(&c, opts)
 	switch {
 	case c.ttl < MinTTL || c.ttl > maxTTL:
 		return c, fmt.Errorf("%w: %v is outside etcd's range [%v, %v]", holdfast.ErrInvalidTTL, c.ttl, MinTTL, maxTTL)

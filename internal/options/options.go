@@ -10,14 +10,19 @@ type Lock struct {
 	Reentrant bool
 }
 
-// ApplyLock applies opts, in order, to the defaults (nil options are
-// skipped).
+// ApplyLock applies opts to the defaults (see Apply).
 func ApplyLock[O ~func(*Lock)](opts []O) Lock {
 	var c Lock
+	Apply(&c, opts)
+	return c
+}
+
+// Apply applies opts, in order, to c (nil options are skipped): the lock
+// options, and the backends' session options.
+func Apply[C any, O ~func(*C)](c *C, opts []O) {
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o(c)
 		}
 	}
-	return c
 }

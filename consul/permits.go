@@ -73,8 +73,8 @@ func newPermits(s *Session, name string, limit int) (*permits, error) {
 // fits reports whether a contender (exclusive: a writer) may be admitted
 // beside the holders of st: within the limit, and no writer with anyone.
 func (p *permits) fits(st permitState, exclusive bool) bool {
-	n, writer := len(st.holders), slices.Contains(slices.Collect(maps.Values(st.holders)), true)
-	return !(p.limit > 0 && n >= p.limit) && !(exclusive && writerAlone() && n > 0) && !writer
+	n, writerIn := len(st.holders), slices.Contains(slices.Collect(maps.Values(st.holders)), true)
+	return !(p.limit > 0 && n >= p.limit) && !(exclusive && writerAlone() && n > 0) && !writerIn
 }
 
 // contender is a holdfast contender key that waits.
@@ -313,7 +313,8 @@ func decodeRWLock(value []byte) (permitState, error) {
 		if mode != "read" && mode != "write" {
 			return permitState{}, fmt.Errorf("holder %q has mode %q", h, mode)
 		}
-		if st.holders[h] = mode == "write"; st.holders[h] && len(l.Holders) > 1 {
+		st.holders[h] = mode == "write"
+		if st.holders[h] && len(l.Holders) > 1 {
 			return permitState{}, fmt.Errorf("a writer and %d other holders", len(l.Holders)-1)
 		}
 	}
@@ -328,9 +329,9 @@ func encodeLock(st permitState) []byte {
 		Holders map[string]any
 	}{st.limit, make(map[string]any, len(st.holders))}
 	for h, x := range st.holders {
-		l.Holders[h] = map[bool]string{false: "read", true: "write"}[x]
-		if st.limit > 0 {
-			l.Holders[h] = true
+		l.Holders[h] = true // api.Semaphore's
+		if st.limit == 0 {
+			l.Holders[h] = map[bool]string{false: "read", true: "write"}[x]
 		}
 	}
 	b, _ := json.Marshal(l) // cannot fail

@@ -120,9 +120,8 @@ func (m *Mutex) repairTail(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		// Dead entries go too: once the tail key is gone, nobody reads
-		// the queue before taking the lock (TestRepairTailDropsDead).
-		m.s.dropDead(ctx, v.dead)
+		// read drops dead entries: once the tail key is gone, nobody
+		// reads the queue before taking the lock (TestRepairTailDropsDead).
 		if t, ok := m.tailEntry(v.tail); !ok || t.session != m.s.id {
 			return nil // gone, or somebody queued since
 		}

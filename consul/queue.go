@@ -75,7 +75,6 @@ func (a *acquisition) try(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	m.s.dropDead(ctx, v.dead)
 	var token uint64
 	delayed := false
 	if free(v.lock) && v.waiting() == 0 {
@@ -130,7 +129,6 @@ func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	if err := m.compatible(v); err != nil {
 		return nil, err
 	}
-	m.s.dropDead(ctx, v.dead)
 	a.lost, a.pred, a.linked = false, nil, false
 	switch {
 	case a.handedToUs(v.lock):
@@ -477,7 +475,8 @@ func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 	return v, err
 }
 
-// read returns the subtree of the lock, in one transaction, after ops.
+// read returns the subtree of the lock, in one transaction, after ops, and
+// drops the keys of gone sessions it shows (Session.dropDead).
 func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -489,7 +488,9 @@ func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
 	case err != nil:
 		return view{}, err
 	}
-	return m.parse(txnKVs(resp.Results)), nil
+	v := m.parse(txnKVs(resp.Results))
+	m.s.dropDead(ctx, v.dead)
+	return v, nil
 }
 
 // tailOps points the tail key at an entry of session, with value: delete

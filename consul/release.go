@@ -138,7 +138,6 @@ func (a *acquisition) look(ctx context.Context, wait bool) error {
 	if v.lock == nil || v.lock.Session != m.s.id {
 		return fmt.Errorf("%w: %s is no longer held by session %s", holdfast.ErrNotHeld, m.lockKey(), m.s.id)
 	}
-	m.s.dropDead(ctx, v.dead)
 	a.next, a.tailIndex = nil, 0
 	for _, e := range v.queue {
 		if e.Key != m.queueKey() {

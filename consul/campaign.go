@@ -50,14 +50,9 @@ func (a *acquisition) handed(ctx context.Context, token uint64) (uint64, error) 
 	case err != nil:
 		return 0, err
 	}
-	var term uint64 // the lock operation's entry: the last one
-	for _, e := range txnKVs(resp.Results) {
-		if e.Key == m.lockKey() && e.Session == m.s.id {
-			term = e.ModifyIndex
-		}
-	}
-	if term == 0 {
+	lock := m.parse(txnKVs(resp.Results)).lock // the lock operation's answer: the last one
+	if lock == nil || lock.Session != m.s.id {
 		return 0, errors.New("holdfast/consul: campaign: Consul's answer has no lock entry of ours")
 	}
-	return term, nil
+	return lock.ModifyIndex, nil
 }

@@ -29,8 +29,7 @@ func LockKey(name string) string { return name + lockSuffix }
 // queue). holdfast waiters queue under "<name>/.queue/"; a release wakes one
 // (docs/DESIGN.md, "Consul acquire"). A live lock of a longer name under
 // "<name>/" is holdfast.ErrConflict (keys no session holds are ignored).
-// Acquisitions of a name through one
-// Session take turns.
+// Acquisitions of a name through one Session take turns.
 type Mutex struct {
 	s       *Session
 	name    string

@@ -70,22 +70,20 @@ func (a *acquisition) join(ctx context.Context, try bool) (uint64, error) {
 // try is TryLock's step 1: it takes the lock only if it is free and no live
 // entry queues, else fails with holdfast.ErrLocked.
 func (a *acquisition) try(ctx context.Context) (uint64, error) {
-	m := a.m
-	v, err := m.readChecked(ctx)
+	v, err := a.m.readChecked(ctx)
 	if err != nil {
 		return 0, err
 	}
-	var token uint64
-	delayed := false
 	if free(v.lock) && v.waiting() == 0 {
-		if token, delayed, err = a.take(ctx, v.lock, v.tail, true); err != nil || token != 0 {
+		token, delayed, err := a.take(ctx, v.lock, v.tail, true)
+		if err != nil || token != 0 {
 			return token, err
 		}
+		if delayed {
+			return 0, fmt.Errorf("%w: %s is in its lock-delay after its holder's session ended", holdfast.ErrLocked, a.m.name)
+		}
 	}
-	if delayed {
-		return 0, fmt.Errorf("%w: %s is in its lock-delay after its holder's session ended", holdfast.ErrLocked, m.name)
-	}
-	return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, m.name)
+	return 0, fmt.Errorf("%w: %s is held or waited for", holdfast.ErrLocked, a.m.name)
 }
 
 // wait runs steps 3 to 6 from lock, the lock key as last read.
@@ -528,11 +526,8 @@ func (m *Mutex) relockTailOnce(ctx context.Context, session string, entry, index
 	case err != nil:
 		return 0, err
 	}
-	var at uint64
-	for _, e := range txnKVs(resp.Results) {
-		if e.Key == m.tailKey() {
-			at = max(at, e.ModifyIndex)
-		}
+	if tail := m.parse(txnKVs(resp.Results)).tail; tail != nil { // the acquire's answer
+		return tail.ModifyIndex, nil
 	}
-	return at, nil
+	return 0, nil
 }

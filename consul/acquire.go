@@ -80,7 +80,8 @@ func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
 	s := a.m.s
 	g := &Grant{s: s, prefix: a.m.prefix(), rel: a}
 	g.base = core.NewGrant(s.keeper, s.bg, a.m.lockKey(), holdfast.Token(token), (*ending)(g), free)
-	if s.hold(g); g.Context().Err() != nil {
+	s.hold(g)
+	if g.Context().Err() != nil {
 		return nil, s.alive() // the session ended: Close releases the key
 	}
 	return g, nil

@@ -385,7 +385,8 @@ func (a *acquisition) queued(me *api.KVPair, plain bool) {
 	if a.since == 0 {
 		a.since = me.CreateIndex
 	}
-	if a.plainTail = plain; plain {
+	a.plainTail = plain
+	if plain {
 		a.m.relockTail(a.m.s.id, a.queueIndex, a.tailIndex)
 	}
 }

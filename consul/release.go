@@ -35,7 +35,8 @@ func (a *acquisition) release(ctx context.Context, g *Grant) error {
 			return err
 		}
 		err := a.look(ctx, first)
-		if first = false; err == nil {
+		first = false
+		if err == nil {
 			err = errStale
 		}
 		return err
@@ -127,7 +128,8 @@ func (a *acquisition) look(ctx context.Context, wait bool) error {
 		if pairs == nil && index == a.mine {
 			break // no link came
 		}
-		if a.mine, a.next = index, m.parse(pairs).next; a.next != nil {
+		a.mine, a.next = index, m.parse(pairs).next
+		if a.next != nil {
 			return nil
 		}
 	}

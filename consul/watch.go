@@ -19,7 +19,7 @@ func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*
 
 // queryRefused reports whether a query was refused (HTTP 4xx: an ACL, a
 // bad request): retrying cannot change that.
-func queryRefused(err error) bool { code := statusCode(err); return code >= 400 && code < 500 }
+func queryRefused(err error) bool { return statusCode(err)/100 == 4 }
 
 // block repeats query, a blocking query of at most blockWait (and bound,
 // if > 0), until it reports a change: true; false, nil once bound passed.
@@ -30,7 +30,8 @@ func (s *Session) block(ctx context.Context, what string, bound time.Duration, q
 	for {
 		w := blockWait
 		if bound > 0 {
-			if w = min(w, bound-time.Since(start)); w <= 0 {
+			w = min(w, bound-time.Since(start))
+			if w <= 0 {
 				return false, nil
 			}
 		}

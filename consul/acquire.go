@@ -124,10 +124,6 @@ func (s *Session) settle(ctx context.Context, j joiner, free func()) {
 	}
 }
 
-// sweepDelays are when the session looks again for what a failed
-// acquisition with an unanswered write left (see Session.sweepLater).
-var sweepDelays = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second, 10 * time.Second}
-
 // failed is the error of a failed acquisition (etcd's order): the
 // session's end, else the caller's ctx's (ctx; wctx is the one the
 // acquisition ran under), else err.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -52,18 +53,20 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 // errSweepAgain: a sweep is over, the next one comes after the next pause.
 var errSweepAgain = errors.New("sweep again")
 
+// sweeps paces Session.sweepLater: 7 sweeps, 0.25 s apart at first,
+// doubling (up to 10 s): the last one about 15.75 s after the first.
+var sweeps = core.Backoff{First: 250 * time.Millisecond, Max: 10 * time.Second, Tries: 7, Final: func(err error) bool { return err != errSweepAgain }}
+
 // sweepLater runs l's cleanup again, for a write of a failed acquisition
 // that got no answer and may land after the first cleanup (an entry with no
 // Lock behind it would keep the lock for our session): core.Backoff paces
-// the sweeps from sweepDelays[0], doubling up to its last, until about 15 s
-// after (beyond requestTimeout). Each takes the name's slot and is retried
+// the sweeps (see sweeps: until about 15 s after, beyond requestTimeout). Each takes the name's slot and is retried
 // until Consul answers, while the session lives (docs/DESIGN.md, "Consul
 // acquire").
 func (s *Session) sweepLater(l leftover) {
 	s.abandon(l) // and Close sweeps once more, for a request that lands later still
 	s.bg.Go(func(ctx context.Context) {
-		b := core.Backoff{First: sweepDelays[0], Max: sweepDelays[len(sweepDelays)-1], Tries: 7, Final: func(err error) bool { return err != errSweepAgain }}
-		_ = b.Retry(ctx, func(ctx context.Context) error {
+		_ = sweeps.Retry(ctx, func(ctx context.Context) error {
 			free, err := s.names.Acquire(ctx, l.name)
 			if err != nil {
 				return err

@@ -25,7 +25,7 @@ type Grant struct {
 	rel    releaser // how the grant's algorithm ends it in Consul
 }
 
-// releaser ends a grant in Consul: lockHold (release.go: a Mutex's or an
+// releaser ends a grant in Consul: acquisition (release.go: a Mutex's or an
 // Election's) or pacq (permitwait.go: a Semaphore's or RWMutex's).
 type releaser interface {
 	release(ctx context.Context, g *Grant) error // after Unlock or a loss

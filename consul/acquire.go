@@ -46,9 +46,9 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 	defer end()
 	start := time.Now()
 	defer s.keeper.Waiting(name)()
-	wctx, cancel := s.bind(ctx) // 2. every wait ends with the session
+	wctx, cancel := core.Bind(ctx, s.keeper.Context()) // 2. every wait ends with the session
 	defer cancel()
-	free, err := s.slot(wctx, name, try) // 3. the session's slot of the name
+	free, err := s.names.Slot(wctx, name, try) // 3. the session's slot of the name
 	if err != nil {
 		return nil, failed(ctx, wctx, s, name, err)
 	}
@@ -85,18 +85,6 @@ func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
 		return nil, s.alive() // the session ended: Close releases the key
 	}
 	return g, nil
-}
-
-// slot takes the session's slot of name (try: only if free, else an error
-// wrapping holdfast.ErrLocked) and returns what frees it.
-func (s *Session) slot(ctx context.Context, name string, try bool) (func(), error) {
-	if !try {
-		return s.names.Acquire(ctx, name)
-	}
-	if free, ok := s.names.TryAcquire(name); ok {
-		return free, nil
-	}
-	return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, name)
 }
 
 // settle removes what a failed join of j left, in the session's

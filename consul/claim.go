@@ -64,7 +64,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
 	}
-	ctx, stop := o.s.bind(ctx)
+	ctx, stop := core.Bind(ctx, o.s.keeper.Context())
 	defer stop()
 	var id string // the run's session, once created: destroyed on failure
 	defer func() {

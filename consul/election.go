@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // Election is a leader election on Consul's documented pattern: the leader
@@ -144,7 +145,7 @@ func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
 		close(latest)
 		return latest
 	}
-	ctx, stop := e.m.s.bind(ctx)
+	ctx, stop := core.Bind(ctx, e.m.s.keeper.Context())
 	go func() {
 		defer close(latest)
 		defer stop()

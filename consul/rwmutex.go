@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/internal/core"
 	"github.com/holdfast/holdfast/internal/options"
 )
 
@@ -79,7 +80,7 @@ func (m *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 	}
 	p, s := m.p, m.p.s
 	s.forget(w)
-	ctx, cancel := s.bind(ctx)
+	ctx, cancel := core.Bind(ctx, s.keeper.Context())
 	defer cancel()
 	ctx, stop := context.WithTimeout(ctx, requestTimeout)
 	defer stop()

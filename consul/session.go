@@ -271,7 +271,7 @@ func (s *Session) renew(ctx context.Context) {
 		case <-timer.C:
 		}
 		var sent time.Time
-		rctx, cancel := s.bind(ctx)
+		rctx, cancel := core.Bind(ctx, s.keeper.Context())
 		err := core.Backoff{Final: func(err error) bool { return errors.Is(err, errSessionGone) }}.Retry(rctx, func(ctx context.Context) error {
 			sent = time.Now()
 			return s.renewOnce(ctx, sent)
@@ -367,7 +367,7 @@ func (s *Session) watch(ctx context.Context) {
 	if !sessionWatch() {
 		return
 	}
-	ctx, cancel := s.bind(ctx)
+	ctx, cancel := core.Bind(ctx, s.keeper.Context())
 	defer cancel()
 	var index uint64
 	for {
@@ -496,16 +496,6 @@ func (s *Session) aliveLocked() error {
 		return fmt.Errorf("%w: consul session %s", holdfast.ErrSessionClosed, s.id)
 	}
 	return s.keeper.Err()
-}
-
-// bind returns a context that ends with ctx or the session (with its cause).
-func (s *Session) bind(ctx context.Context) (context.Context, context.CancelFunc) {
-	bctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(s.keeper.Context(), func() { cancel(s.keeper.Err()) })
-	return bctx, func() {
-		stop()
-		cancel(context.Canceled)
-	}
 }
 
 // hold and forget record that g holds its lock key in Consul, and no longer.

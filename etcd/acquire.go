@@ -53,7 +53,7 @@ func acquire(ctx context.Context, q queue, name string, try bool, reentry *core.
 	}
 	start := time.Now()
 	defer s.keeper.Waiting(name)()
-	ctx, stop := bindContext(ctx, s.keeper.Context()) // 2. every wait ends with the session
+	ctx, stop := core.Bind(ctx, s.keeper.Context()) // 2. every wait ends with the session
 	defer stop()
 	free, err := s.slot(ctx, name, q.key, try) // 3. the session's slot of the name
 	if err != nil {
@@ -79,28 +79,13 @@ func acquire(ctx context.Context, q queue, name string, try bool, reentry *core.
 	return g, nil
 }
 
-// bindContext returns a context that also ends when other ends.
-func bindContext(ctx, other context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(other, func() { cancel(context.Cause(other)) })
-	return ctx, func() { stop(); cancel(nil) }
-}
-
 // slot takes the session's slot of name for the acquisition using key
 // (TryLock: only if it is free, else an error wrapping holdfast.ErrLocked),
 // and returns the function that frees it.
 func (s *Session) slot(ctx context.Context, name, key string, try bool) (func(), error) {
-	var free func()
-	if try {
-		var ok bool
-		if free, ok = s.names.TryAcquire(name); !ok {
-			return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, name)
-		}
-	} else {
-		var err error
-		if free, err = s.names.Acquire(ctx, name); err != nil {
-			return nil, err
-		}
+	free, err := s.names.Slot(ctx, name, try)
+	if err != nil {
+		return nil, err
 	}
 	s.using.Store(name, key)
 	return func() {

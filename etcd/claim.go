@@ -81,7 +81,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	if err := o.s.alive(); err != nil {
 		return nil, fmt.Errorf("holdfast/etcd: claim %s: %w", o.name, err)
 	}
-	ctx, stop := bindContext(ctx, o.s.keeper.Context())
+	ctx, stop := core.Bind(ctx, o.s.keeper.Context())
 	defer stop()
 	cli := o.s.client
 	ttl := (o.sched.AtMost + time.Second - 1) / time.Second * time.Second

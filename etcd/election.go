@@ -198,7 +198,7 @@ func (e *Election) Observe(ctx context.Context) <-chan holdfast.Leader {
 		close(out)
 		return out
 	}
-	ctx, stop := bindContext(ctx, e.s.keeper.Context())
+	ctx, stop := core.Bind(ctx, e.s.keeper.Context())
 	in := make(chan holdfast.Leader)
 	go func() {
 		defer close(in)

@@ -210,7 +210,7 @@ func (rw *RWMutex) Downgrade(ctx context.Context, w *Grant) (*Grant, error) {
 		return nil, w.base.NotHeld()
 	}
 	s.watcher.remove(w)
-	ctx, stop := bindContext(ctx, s.keeper.Context())
+	ctx, stop := core.Bind(ctx, s.keeper.Context())
 	defer stop()
 	return rw.downgrade(ctx, w)
 }

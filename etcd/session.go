@@ -314,8 +314,8 @@ func (s *Session) renew(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		rctx, stop := bindContext(ctx, s.keeper.Context())
-		rctx, stop2 := bindContext(rctx, s.client.Ctx())
+		rctx, stop := core.Bind(ctx, s.keeper.Context())
+		rctx, stop2 := core.Bind(rctx, s.client.Ctx())
 		err := core.Backoff{Max: retryPause, Final: func(err error) bool {
 			return errors.Is(err, holdfast.ErrSessionLost)
 		}}.Retry(rctx, s.keepAlive)

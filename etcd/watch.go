@@ -212,7 +212,7 @@ func (w *watcher) dispatch(gen int64, resp *pb.WatchResponse) {
 // otherwise the watch is created again from the read's revision + 1, which
 // exists, so a compaction cannot cancel it at once again.
 func (w *watcher) recheck(ctx context.Context, gen int64, g *Grant) {
-	ctx, stop := bindContext(ctx, g.Context())
+	ctx, stop := core.Bind(ctx, g.Context())
 	defer stop()
 	_ = core.Retry(ctx, func(actx context.Context) error {
 		resp, err := w.s.client.Get(actx, g.Key())

@@ -142,3 +142,11 @@ func Final(err error) bool {
 	}
 	return false
 }
+
+// Bind returns a context that also ends when other ends (with other's
+// cause), and the function that releases it.
+func Bind(ctx, other context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(other, func() { cancel(context.Cause(other)) })
+	return ctx, func() { stop(); cancel(nil) }
+}

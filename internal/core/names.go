@@ -2,7 +2,10 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"sync"
+
+	"github.com/holdfast/holdfast"
 )
 
 // Names gives in-process exclusion per lock name within one session. A
@@ -56,6 +59,18 @@ func (n *Names) Acquire(ctx context.Context, name string) (release func(), err e
 		n.put(name, s)
 		return nil, ctx.Err()
 	}
+}
+
+// Slot takes name for an acquisition: if try, only if it is free (else an
+// error wrapping holdfast.ErrLocked), else waiting until it is or ctx ends.
+func (n *Names) Slot(ctx context.Context, name string, try bool) (release func(), err error) {
+	if !try {
+		return n.Acquire(ctx, name)
+	}
+	if release, ok := n.TryAcquire(name); ok {
+		return release, nil
+	}
+	return nil, fmt.Errorf("%w: %s is being taken through this session", holdfast.ErrLocked, name)
 }
 
 // TryAcquire takes name if it is free in this session.

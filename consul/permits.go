@@ -149,8 +149,10 @@ func (p *permits) holders(lock *api.KVPair, kvs []*api.KVPair) (permitState, err
 	switch {
 	case err != nil:
 		return none, fmt.Errorf("%w: %s: %w", holdfast.ErrConflict, p.lockKey, err)
-	case st.limit != p.limit:
+	case st.limit != p.limit && slices.ContainsFunc(kvs, func(e *api.KVPair) bool { return e.Session != "" }):
 		return none, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit)
+	case st.limit != p.limit: // as api.Semaphore's, the limit stays with the key
+		return none, fmt.Errorf("%w: semaphore %s has limit %d in Consul, this client's is %d; no live session holds or waits for it: delete %s to use another limit", holdfast.ErrLimitMismatch, p.name, st.limit, p.limit, p.lockKey)
 	}
 	return st, nil
 }

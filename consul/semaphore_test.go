@@ -194,6 +194,17 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	if l := semLock(t, c, name); l.Limit != 2 || len(l.Holders) != 1 {
 		t.Fatalf("lock key %+v changed", l)
 	}
+	// A lock key that names only dead holders (its holder killed) keeps its
+	// limit, as api.Semaphore's does; the error says how to free the name.
+	stale := uniqueName(t)
+	if _, err := c.KV().Put(&api.KVPair{Key: stale + "/.lock", Flags: api.SemaphoreFlagValue, Value: []byte(`{"Limit":2,"Holders":{"00000000-0000-0000-0000-000000000001":true}}`)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = newSemaphore(t, newSession(t, c), stale, 3).TryLock(ctx)
+	if !errors.Is(err, holdfast.ErrLimitMismatch) || !strings.Contains(err.Error(), "no live session") || !strings.Contains(err.Error(), "delete "+stale+"/.lock") {
+		t.Fatalf("limit 3 against a stale limit 2: %v, want ErrLimitMismatch saying no live session holds it and how to free it", err)
+	}
+	t.Log(err)
 }
 
 // TestSemaphoreForeignKey: a semaphore's lock key with an undecodable value

@@ -257,12 +257,18 @@ func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, w
 		// before CMD runs, whether or not holdfast runs again to feed it.
 		deadline := monoNow() + int64(time.Until(m.g.Deadline()))
 		g, warning = newGuard(grace, deadline)
-		onStarterThread(func() { err = cmd.Start() })
+		// CMD's group goes to the guard on the thread that started CMD, at
+		// once: a holdfast killed later leaves the guard knowing it (its
+		// background children outlive CMD's Pdeathsig otherwise).
+		onStarterThread(func() {
+			if err = cmd.Start(); err == nil {
+				g.send(msgGroup, int64(cmd.Process.Pid))
+			}
+		})
 		if err != nil {
 			g.standDown()
 			return 0, nil, err
 		}
-		g.send(msgGroup, int64(cmd.Process.Pid))
 		return cmd.Process.Pid, g, nil
 	})
 	return g, warning, err

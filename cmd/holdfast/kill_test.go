@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -81,7 +82,18 @@ func TestKill9StopsCommand(t *testing.T) {
 				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
-				p.wait(t, 5*time.Second)
+				select {
+				case <-p.done:
+				case <-time.After(5 * time.Second): // say which process is left
+					out, _ := exec.Command("ps", "-eo", "pid,ppid,pgid,sid,stat,etime,args").Output()
+					var rel []string
+					for _, l := range strings.Split(string(out), "\n") {
+						if strings.Contains(l, "sleep") || strings.Contains(l, "holdfast") || strings.Contains(l, "sh -c") {
+							rel = append(rel, l)
+						}
+					}
+					t.Fatalf("holdfast %v still runs (or its pipes are held) 5s after kill -9: CMD %d running %v, its child %d running %v\n%s", p.cmd.Args[1:], pids["cmd"], running(pids["cmd"]), pids["bg"], running(pids["bg"]), strings.Join(rel, "\n"))
+				}
 				eventually(t, within, "CMD or its child runs on after holdfast was killed", func() bool {
 					return !running(pids["cmd"]) && !running(pids["bg"])
 				})

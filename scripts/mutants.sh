@@ -66,7 +66,7 @@ cmd/term-grace|./cmd/holdfast/|TestShortPause
 cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
-cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadline
+cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadlineUnfed
 cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
 cmd/guard-gone|./cmd/holdfast/|TestGuardGone
 cmd/tstp-withdraw|./cmd/holdfast/|TestStopWhileWaiting$

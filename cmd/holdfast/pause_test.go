@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -241,5 +242,39 @@ func TestGuardFirstDeadline(t *testing.T) {
 	}
 	if code != exitLost {
 		t.Errorf("exit %d, want %d; stderr: %s", code, exitLost, p.stderr.String())
+	}
+}
+
+// TestGuardFirstDeadlineUnfed: the guard alone, started with a deadline
+// 1.5 s away, told CMD's group and never fed (holdfast stopped before its
+// first feed): it stops CMD by that deadline. TestGuardFirstDeadline shows
+// the same end to end, but there CMD must win a race with holdfast's first
+// feed; here nothing feeds the guard, so its absence fails every run.
+func TestGuardFirstDeadlineUnfed(t *testing.T) {
+	t.Parallel()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	g, err := newGuard(200*time.Millisecond, monoNow()+int64(time.Until(deadline)))
+	if err != nil || g == nil {
+		t.Fatalf("newGuard: %v, %v", g, err)
+	}
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		g.standDown()
+		t.Fatal(err)
+	}
+	g.send(msgGroup, int64(cmd.Process.Pid))
+	defer g.standDown()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		if late := time.Since(deadline); late > 0 {
+			t.Fatalf("CMD stopped %v after the guard's deadline", late)
+		}
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		t.Fatal("CMD still ran 3.5 s after the deadline the guard was started with: unfed, the guard had no deadline")
 	}
 }

@@ -186,7 +186,7 @@ func (a *acquisition) atHead(ctx context.Context, lock *api.KVPair) (uint64, *ap
 	case err != nil || token != 0:
 		return token, nil, err
 	case delayed:
-		if !sleep(ctx, a.delay.left()) {
+		if !core.Sleep(ctx, a.delay.left()) {
 			return 0, nil, ctx.Err()
 		}
 		return 0, lock, nil
@@ -208,8 +208,6 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 // send sends one of our writes, bounded by requestTimeout; one without
 // answer makes us uncertain.
 func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	resp, err := a.m.s.txn(ctx, ops)
 	var rb *rollback
 	if err != nil && !errors.As(err, &rb) {
@@ -343,11 +341,9 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		a.queued(v.me, plain)
 	} else if a.plainTail {
 		// The lock-delay that refused the tail key is likely over too.
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		if at, _ := m.relockTailOnce(rctx, m.s.id, a.queueIndex, a.tailIndex); at != 0 {
+		if at, _ := m.relockTailOnce(ctx, m.s.id, a.queueIndex, a.tailIndex); at != 0 {
 			a.tailIndex, a.plainTail = at, false
 		}
-		cancel()
 	}
 	a.next, a.mine = v.next, max(a.mine, v.lock.ModifyIndex)
 	return v.lock.ModifyIndex, false, nil
@@ -367,9 +363,7 @@ func (m *Mutex) queueOps(plain bool) api.TxnOps {
 func (m *Mutex) sendTail(ctx context.Context, send func(context.Context, api.TxnOps) (*api.TxnResponse, error), ops func(plain bool) api.TxnOps) (resp *api.TxnResponse, plain bool, err error) {
 	for {
 		o := ops(plain)
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		resp, err = send(rctx, o)
-		cancel()
+		resp, err = send(ctx, o)
 		tailAt := slices.IndexFunc(o, func(op *api.TxnOp) bool { return op.KV.Verb == api.KVLock && op.KV.Key == m.tailKey() })
 		var rb *rollback
 		if plain || tailAt < 0 || !errors.As(err, &rb) || !rb.delayedOnly(tailAt) {
@@ -477,9 +471,7 @@ func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 // read returns the subtree of the lock, in one transaction, after ops, and
 // drops the keys of gone sessions it shows (Session.dropDead).
 func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := m.s.txn(rctx, append(ops, kvOp(api.KVGetTree, m.prefix())))
+	resp, err := m.s.txn(ctx, append(ops, kvOp(api.KVGetTree, m.prefix())))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):

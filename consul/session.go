@@ -389,21 +389,6 @@ func (s *Session) watch(ctx context.Context) {
 	}
 }
 
-// sleep waits for d or until ctx is done, and reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // ID returns the Consul session ID.
 func (s *Session) ID() string { return s.id }
 

@@ -26,20 +26,17 @@ const (
 type acquisition struct {
 	m     *Mutex
 	value []byte // a Campaign's proposal (campaign.go); nil for a Mutex
-	// CreateIndex of our first entry and latest entry; the tail key's
-	// ModifyIndex as we set it (plainTail: see relockTail); a write of
-	// ours got no answer.
+	// CreateIndex of our first and latest entry; the tail key's ModifyIndex
+	// as we set it (plainTail: see relockTail); a write got no answer.
 	since, queueIndex, tailIndex uint64
 	plainTail, uncertain         bool
 	// The entry ahead of ours (nil: the head); our link and anchor on it
 	// are written; we must read the queue.
 	pred         *waiter
 	linked, lost bool
-	// The index of our entry's subtree as last seen; the waiter linked
-	// behind us, whom the grant hands the lock to.
-	mine  uint64
-	next  *waiter
-	delay lockDelay
+	mine         uint64  // the index of our entry's subtree as last seen
+	next         *waiter // linked behind us: whom the grant hands the lock to
+	delay        lockDelay
 }
 
 // campaign reports whether this is an Election's Campaign.
@@ -112,8 +109,8 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	}
 }
 
-// reread is step 3 with a read (dropping our old link), and returns the
-// lock key; our entry gone: step 2.
+// reread is step 3 with a read (dropping our old link); our entry gone:
+// step 2. It returns the lock key.
 func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	var drop api.TxnOps
@@ -216,9 +213,8 @@ func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnRespons
 	return resp, err
 }
 
-// link writes our link under our predecessor P and our anchor on P (acquired
-// with P's session) in one transaction guarded by P's entry (step 3), and
-// reads P's lock-delay; if the guard fails, we read the queue next.
+// link is step 3: our link under our predecessor P and our anchor on P,
+// guarded by P's entry; it learns P's lock-delay. A failed guard: read next.
 func (a *acquisition) link(ctx context.Context) error {
 	m, p := a.m, a.pred
 	resp, err := a.send(ctx, api.TxnOps{
@@ -264,9 +260,7 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 }
 
 // lockDelay is what a waiter knows of the lock-delay that may follow a
-// release (docs/DESIGN.md, "Keys of a dead session", step 4): the last
-// holder seen (or our predecessor), its delay, when it ends (guess: our
-// predecessor's), and the next pause of an unknown end.
+// release (docs/DESIGN.md, "Keys of a dead session", step 4).
 type lockDelay struct {
 	holder       string
 	delay, pause time.Duration
@@ -303,11 +297,9 @@ func (d *lockDelay) left() time.Duration {
 	return p
 }
 
-// take acquires the lock key in one transaction guarded by it being as
-// seen, and reads our entry's subtree (whom to hand to). First (not
-// queued), it also creates our entry and points the tail key at it,
-// guarded by the tail being as seen. It returns the token (that write's
-// index; 0: busy, or delayed by a lock-delay).
+// take acquires the lock key as seen and reads our subtree (whom to hand
+// to); first (step 1), it also queues us, guarded by the tail as seen. The
+// token is that write's index (0: busy, or delayed by a lock-delay).
 func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (token uint64, delayed bool, err error) {
 	m := a.m
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
@@ -495,9 +487,8 @@ func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
 	return api.TxnOps{kvOp(api.KVDelete, m.tailKey()), write}
 }
 
-// relockTail acquires the tail key, written plain at index, with session
-// once the lock-delay ends, naming its entry explicitly, in the session's
-// background (docs/DESIGN.md, "Keys of a dead session", step 2).
+// relockTail acquires the tail key, written plain at index, with session,
+// in the background (docs/DESIGN.md, "Keys of a dead session", step 2).
 func (m *Mutex) relockTail(session string, entry, index uint64) {
 	m.s.bg.Go(func(ctx context.Context) {
 		_ = core.Backoff{Attempt: requestTimeout, First: delayRetry, Max: delayRetryMax}.Retry(ctx, func(ctx context.Context) error {

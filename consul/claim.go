@@ -102,7 +102,9 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 		case claimPeriodOver(period, o.sched.Every, got):
 			return nil, core.PeriodOver(o.name, period, o.sched.Every)
 		}
-		return o.claim(id, period, token, sent, got), nil
+		c = &Claim{o: o, id: id, period: period, made: got}
+		c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, o.sched.AtMost/2, core.ReleaseFunc(c.release))
+		return c, nil
 	}
 }
 
@@ -142,14 +144,6 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 		}
 	}
 	return 0, fmt.Errorf("holdfast/consul: claim %s: no index for %s in the transaction's answer", o.name, o.record)
-}
-
-// claim returns the Claim made with session id (asked for at sent) by the
-// transaction with index token, answered at got.
-func (o *Once) claim(id string, period time.Time, token uint64, sent, got time.Time) *Claim {
-	c := &Claim{o: o, id: id, period: period, made: got}
-	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, o.sched.AtMost/2, core.ReleaseFunc(c.release))
-	return c
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
@@ -259,13 +253,7 @@ func (o *Once) running(ctx context.Context, period time.Time) error {
 
 // fail is the error of a failed claim: the session's end, ctx's, or err.
 func (o *Once) fail(ctx context.Context, err error) error {
-	if serr := o.s.alive(); serr != nil {
-		return fmt.Errorf("holdfast/consul: claim %s: %w", o.name, serr)
-	}
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("holdfast/consul: claim %s: %w (%v)", o.name, ctx.Err(), err)
-	}
-	return fmt.Errorf("holdfast/consul: claim %s: %w", o.name, err)
+	return core.ClaimFail(ctx, "holdfast/consul: claim "+o.name, o.s.alive(), err)
 }
 
 // Claim is a held once-per-period claim, a holdfast.Grant: its key is the

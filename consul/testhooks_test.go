@@ -21,7 +21,9 @@ func TestSemaphoreStaleTryLock(t *testing.T) {
 	first := newSemaphore(t, newSession(t, c), name, 1)
 	second := newSemaphore(t, newSession(t, c), name, 1)
 	var g2 *Grant
-	testHookTryRead = func(p *permits) {
+	nop := hookTryRead
+	defer func() { hookTryRead = nop }()
+	hookTryRead = func(p *permits) {
 		if p != first.p {
 			return
 		}
@@ -30,9 +32,8 @@ func TestSemaphoreStaleTryLock(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	defer func() { testHookTryRead = nil }()
 	g1, err := first.TryLock(ctx)
-	testHookTryRead = nil
+	hookTryRead = nop
 	if g2 == nil {
 		t.FailNow()
 	}
@@ -61,12 +62,13 @@ func TestSemaphoreReleaseGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testHookLeaveRead = func(p *permits) {
+	nop := hookLeaveRead
+	defer func() { hookLeaveRead = nop }()
+	hookLeaveRead = func(p *permits) {
 		if _, err := c.KV().Delete(g.Key(), nil); err != nil {
 			t.Error(err)
 		}
 	}
-	defer func() { testHookLeaveRead = nil }()
 	if err := g.Unlock(ctx); !errors.Is(err, holdfast.ErrNotHeld) {
 		t.Fatalf("Unlock after the key was deleted from outside: %v, want ErrNotHeld", err)
 	}

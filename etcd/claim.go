@@ -147,16 +147,10 @@ func (o *Once) refused(period time.Time, rec, run *mvccpb.KeyValue) error {
 	return fmt.Errorf("%w: %s", holdfast.ErrClaimed, what) // changed between the compares and the reads: cannot be (one txn)
 }
 
-// fail is the error of a failed claim: the session's end, ctx's error, or
-// the store's.
+// fail is the error of a failed claim's step what: the session's end,
+// ctx's error, or the store's.
 func (o *Once) fail(ctx context.Context, what string, err error) error {
-	if serr := o.s.alive(); serr != nil {
-		return fmt.Errorf("holdfast/etcd: claim %s: %w", o.name, serr)
-	}
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("holdfast/etcd: claim %s: %s: %w (%v)", o.name, what, ctx.Err(), err)
-	}
-	return fmt.Errorf("holdfast/etcd: claim %s: %s: %w", o.name, what, storeErr(err))
+	return core.ClaimFail(ctx, "holdfast/etcd: claim "+o.name+": "+what, o.s.alive(), storeErr(err))
 }
 
 // claimCleanup bounds the revocation of a lease a claim did not use, so

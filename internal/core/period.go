@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -81,6 +82,18 @@ func CheckOnce(hasSession bool, name string, sched holdfast.Schedule, least, mos
 // PeriodOver is the error of a claim of name's period made after its end.
 func PeriodOver(name string, period time.Time, every time.Duration) error {
 	return fmt.Errorf("%w: %s for period %s (ended at %s)", holdfast.ErrPeriodOver, name, period.Format(time.RFC3339), period.Add(every).Format(time.RFC3339))
+}
+
+// ClaimFail is the error of a failed claim, after prefix ("holdfast/<store>:
+// claim <name>..."): the session's end (ended, if not nil), ctx's, or err.
+func ClaimFail(ctx context.Context, prefix string, ended, err error) error {
+	switch {
+	case ended != nil:
+		return fmt.Errorf("%s: %w", prefix, ended)
+	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
+		return fmt.Errorf("%s: %w (%v)", prefix, ctx.Err(), err)
+	}
+	return fmt.Errorf("%s: %w", prefix, err)
 }
 
 // ClaimGrant returns the grant of a claim's run mark key, made with a lease

@@ -21,10 +21,8 @@ type leftover struct {
 }
 
 // cleanUp removes l in the session's background, retried until Consul
-// answers, then calls free, which frees the name's slot: the name is not
-// locked again through the session before the store has seen the cleanup.
-// The channel is closed when it is over. If the session ends first, one
-// last bounded attempt is made, and then Close tries.
+// answers, then frees the name's slot (free) and closes the channel. If
+// the session ends first: one last bounded attempt, then Close tries.
 func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 	done := make(chan struct{})
 	task := func(ctx context.Context) {
@@ -53,16 +51,13 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 // errSweepAgain: a sweep is over, the next one comes after the next pause.
 var errSweepAgain = errors.New("sweep again")
 
-// sweeps paces Session.sweepLater: 7 sweeps, 0.25 s apart at first,
-// doubling (up to 10 s): the last one about 15.75 s after the first.
+// sweeps paces Session.sweepLater: 7 sweeps, the last 15.75 s after the first.
 var sweeps = core.Backoff{First: 250 * time.Millisecond, Max: 10 * time.Second, Tries: 7, Final: func(err error) bool { return err != errSweepAgain }}
 
-// sweepLater runs l's cleanup again, for a write of a failed acquisition
-// that got no answer and may land after the first cleanup (an entry with no
-// Lock behind it would keep the lock for our session): core.Backoff paces
-// the sweeps (see sweeps: until about 15 s after, beyond requestTimeout). Each takes the name's slot and is retried
-// until Consul answers, while the session lives (docs/DESIGN.md, "Consul
-// acquire").
+// sweepLater runs l's cleanup again, paced by sweeps, for a write of a
+// failed acquisition that got no answer and may land after the first
+// cleanup; each sweep takes the name's slot and is retried until Consul
+// answers, while the session lives (docs/DESIGN.md, "Consul acquire").
 func (s *Session) sweepLater(l leftover) {
 	s.abandon(l) // and Close sweeps once more, for a request that lands later still
 	s.bg.Go(func(ctx context.Context) {
@@ -88,10 +83,9 @@ func (s *Session) abandon(l leftover) {
 	s.abandoned[l.name] = l
 }
 
-// clean takes our entry out of the queue, reading the lock key (see
-// Mutex.leave), then releases the lock key if our session holds it: once
-// our entry is gone no handoff to us can happen. The caller holds the
-// name's slot.
+// clean takes our entry out of the queue (Mutex.leave), then releases the
+// lock key if our session holds it: with our entry gone, no handoff to us
+// can follow. The caller holds the name's slot.
 func (s *Session) clean(ctx context.Context, l leftover) error {
 	if l.fn != nil {
 		return l.fn(ctx)
@@ -114,9 +108,8 @@ func (s *Session) clean(ctx context.Context, l leftover) error {
 }
 
 // repairTail points the tail key, which names our gone entry, at the last
-// live queue entry, or deletes it if nobody queues: a read, then a cas that
-// fails if somebody queued meanwhile (the tail then names a live entry) or
-// the entry it names went meanwhile (read again).
+// live queue entry, or deletes it if nobody queues: a read, then a cas
+// (pointTail) repeated while the entry it would name goes meanwhile.
 func (m *Mutex) repairTail(ctx context.Context) error {
 	for range maxLeaveAttempts {
 		v, err := m.read(ctx)

@@ -65,9 +65,7 @@ func (m *Mutex) deadLock(ctx context.Context, lock *api.KVPair) error {
 	if !otherKind(lock) {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := m.s.txn(rctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix())})
+	resp, err := m.s.txn(ctx, api.TxnOps{kvOp(api.KVGetTree, m.prefix())})
 	if err != nil {
 		return err
 	}

@@ -103,8 +103,6 @@ func (s *Session) heldTxn(ctx context.Context, base *core.Grant, prefix string, 
 // guardedTxn sends guard, then ops, in one transaction (see Txn); if guard
 // fails, the error is lost's (unless an ACL refused it).
 func (s *Session) guardedTxn(ctx context.Context, what string, guard, ops api.TxnOps, lost func() error) (*api.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	resp, err := s.txn(ctx, append(guard, ops...))
 	var rb *rollback
 	switch {

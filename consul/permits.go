@@ -259,9 +259,7 @@ func (p *permits) write(ctx context.Context, ops api.TxnOps, after bool) (*api.T
 	if after {
 		ops = append(ops, kvOp(api.KVGetTree, p.prefix))
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	resp, err := p.s.txn(rctx, ops)
-	cancel()
+	resp, err := p.s.txn(ctx, ops)
 	if err == nil && after {
 		p.passOn(ctx, p.parse(latest(resp.Results)))
 	}

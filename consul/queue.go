@@ -26,20 +26,17 @@ const (
 type acquisition struct {
 	m     *Mutex
 	value []byte // a Campaign's proposal (campaign.go); nil for a Mutex
-	// CreateIndex of our first entry and latest entry; the tail key's
-	// ModifyIndex as we set it (plainTail: see relockTail); a write of
-	// ours got no answer.
+	// CreateIndex of our first and latest entry; the tail key's ModifyIndex
+	// as we set it (plainTail: see relockTail); a write got no answer.
 	since, queueIndex, tailIndex uint64
 	plainTail, uncertain         bool
 	// The entry ahead of ours (nil: the head); our link and anchor on it
 	// are written; we must read the queue.
 	pred         *waiter
 	linked, lost bool
-	// The index of our entry's subtree as last seen; the waiter linked
-	// behind us, whom the grant hands the lock to.
-	mine  uint64
-	next  *waiter
-	delay lockDelay
+	mine         uint64  // the index of our entry's subtree as last seen
+	next         *waiter // linked behind us: whom the grant hands the lock to
+	delay        lockDelay
 }
 
 // campaign reports whether this is an Election's Campaign.
@@ -112,8 +109,8 @@ func (a *acquisition) wait(ctx context.Context, lock *api.KVPair) (uint64, error
 	}
 }
 
-// reread is step 3 with a read (dropping our old link), and returns the
-// lock key; our entry gone: step 2.
+// reread is step 3 with a read (dropping our old link); our entry gone:
+// step 2. It returns the lock key.
 func (a *acquisition) reread(ctx context.Context) (*api.KVPair, error) {
 	m := a.m
 	var drop api.TxnOps
@@ -186,7 +183,7 @@ func (a *acquisition) atHead(ctx context.Context, lock *api.KVPair) (uint64, *ap
 	case err != nil || token != 0:
 		return token, nil, err
 	case delayed:
-		if !sleep(ctx, a.delay.left()) {
+		if !core.Sleep(ctx, a.delay.left()) {
 			return 0, nil, ctx.Err()
 		}
 		return 0, lock, nil
@@ -208,8 +205,6 @@ func (a *acquisition) handedToUs(lock *api.KVPair) bool {
 // send sends one of our writes, bounded by requestTimeout; one without
 // answer makes us uncertain.
 func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	resp, err := a.m.s.txn(ctx, ops)
 	var rb *rollback
 	if err != nil && !errors.As(err, &rb) {
@@ -218,9 +213,8 @@ func (a *acquisition) send(ctx context.Context, ops api.TxnOps) (*api.TxnRespons
 	return resp, err
 }
 
-// link writes our link under our predecessor P and our anchor on P (acquired
-// with P's session) in one transaction guarded by P's entry (step 3), and
-// reads P's lock-delay; if the guard fails, we read the queue next.
+// link is step 3: our link under our predecessor P and our anchor on P,
+// guarded by P's entry; it learns P's lock-delay. A failed guard: read next.
 func (a *acquisition) link(ctx context.Context) error {
 	m, p := a.m, a.pred
 	resp, err := a.send(ctx, api.TxnOps{
@@ -266,9 +260,7 @@ func (a *acquisition) waitRelease(ctx context.Context, lock *api.KVPair) (*api.K
 }
 
 // lockDelay is what a waiter knows of the lock-delay that may follow a
-// release (docs/DESIGN.md, "Keys of a dead session", step 4): the last
-// holder seen (or our predecessor), its delay, when it ends (guess: our
-// predecessor's), and the next pause of an unknown end.
+// release (docs/DESIGN.md, "Keys of a dead session", step 4).
 type lockDelay struct {
 	holder       string
 	delay, pause time.Duration
@@ -305,11 +297,9 @@ func (d *lockDelay) left() time.Duration {
 	return p
 }
 
-// take acquires the lock key in one transaction guarded by it being as
-// seen, and reads our entry's subtree (whom to hand to). First (not
-// queued), it also creates our entry and points the tail key at it,
-// guarded by the tail being as seen. It returns the token (that write's
-// index; 0: busy, or delayed by a lock-delay).
+// take acquires the lock key as seen and reads our subtree (whom to hand
+// to); first (step 1), it also queues us, guarded by the tail as seen. The
+// token is that write's index (0: busy, or delayed by a lock-delay).
 func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bool) (token uint64, delayed bool, err error) {
 	m := a.m
 	resp, plain, err := m.sendTail(ctx, a.send, func(plain bool) api.TxnOps {
@@ -343,11 +333,9 @@ func (a *acquisition) take(ctx context.Context, seen, tail *api.KVPair, first bo
 		a.queued(v.me, plain)
 	} else if a.plainTail {
 		// The lock-delay that refused the tail key is likely over too.
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		if at, _ := m.relockTailOnce(rctx, m.s.id, a.queueIndex, a.tailIndex); at != 0 {
+		if at, _ := m.relockTailOnce(ctx, m.s.id, a.queueIndex, a.tailIndex); at != 0 {
 			a.tailIndex, a.plainTail = at, false
 		}
-		cancel()
 	}
 	a.next, a.mine = v.next, max(a.mine, v.lock.ModifyIndex)
 	return v.lock.ModifyIndex, false, nil
@@ -367,9 +355,7 @@ func (m *Mutex) queueOps(plain bool) api.TxnOps {
 func (m *Mutex) sendTail(ctx context.Context, send func(context.Context, api.TxnOps) (*api.TxnResponse, error), ops func(plain bool) api.TxnOps) (resp *api.TxnResponse, plain bool, err error) {
 	for {
 		o := ops(plain)
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		resp, err = send(rctx, o)
-		cancel()
+		resp, err = send(ctx, o)
 		tailAt := slices.IndexFunc(o, func(op *api.TxnOp) bool { return op.KV.Verb == api.KVLock && op.KV.Key == m.tailKey() })
 		var rb *rollback
 		if plain || tailAt < 0 || !errors.As(err, &rb) || !rb.delayedOnly(tailAt) {
@@ -477,9 +463,7 @@ func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 // read returns the subtree of the lock, in one transaction, after ops, and
 // drops the keys of gone sessions it shows (Session.dropDead).
 func (m *Mutex) read(ctx context.Context, ops ...*api.TxnOp) (view, error) {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := m.s.txn(rctx, append(ops, kvOp(api.KVGetTree, m.prefix())))
+	resp, err := m.s.txn(ctx, append(ops, kvOp(api.KVGetTree, m.prefix())))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb):
@@ -503,9 +487,8 @@ func (m *Mutex) tailOps(session string, value []byte, plain bool) api.TxnOps {
 	return api.TxnOps{kvOp(api.KVDelete, m.tailKey()), write}
 }
 
-// relockTail acquires the tail key, written plain at index, with session
-// once the lock-delay ends, naming its entry explicitly, in the session's
-// background (docs/DESIGN.md, "Keys of a dead session", step 2).
+// relockTail acquires the tail key, written plain at index, with session,
+// in the background (docs/DESIGN.md, "Keys of a dead session", step 2).
 func (m *Mutex) relockTail(session string, entry, index uint64) {
 	m.s.bg.Go(func(ctx context.Context) {
 		_ = core.Backoff{Attempt: requestTimeout, First: delayRetry, Max: delayRetryMax}.Retry(ctx, func(ctx context.Context) error {

@@ -13,8 +13,8 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// linkWait bounds how long a release waits for the link of a waiter that
-// queued behind the holder (see acquisition.look) before reading the queue.
+// linkWait bounds a release's wait for the link of a waiter that queued
+// behind the holder (acquisition.look).
 const linkWait = 250 * time.Millisecond
 
 // errStale means that the waiter we meant to hand the lock to, or the tail
@@ -27,8 +27,8 @@ func (a *acquisition) release(ctx context.Context, g *Grant) error {
 	if !errors.Is(context.Cause(g.Context()), holdfast.ErrReleased) {
 		return a.drop(ctx, g)
 	}
-	// A stale view is answered at once by look (first waiting for a link):
-	// no pause; after four, errStale goes to the core's retry.
+	// After a stale view, look at once (first waiting for a link); after
+	// four, errStale goes to the core's retry.
 	first := true
 	err := core.Backoff{First: time.Nanosecond, Tries: 4, Final: func(err error) bool { return !errors.Is(err, errStale) }}.Retry(ctx, func(ctx context.Context) error {
 		if err := a.handOver(ctx); !errors.Is(err, errStale) {
@@ -65,13 +65,10 @@ func (a *acquisition) drop(ctx context.Context, _ *Grant) error {
 	return err
 }
 
-// handOver, the write behind Unlock, is one transaction guarded by our
-// session holding the lock key. To the waiter w linked behind us, guarded
-// by w's entry: it moves the key to w's session and writes w's held mark (a
-// campaign's resigns: it deletes the key and w's anchor, and w takes it).
-// With nobody behind us, guarded by the tail key still naming us: it
-// deletes the key. It fails with holdfast.ErrNotHeld, or errStale if w or
-// the tail changed.
+// handOver, the write behind Unlock, hands the lock key to the waiter w
+// linked behind us, or deletes it if the tail key still names us
+// (docs/DESIGN.md, "Consul acquire", Unlock). It fails with
+// holdfast.ErrNotHeld, or errStale if w or the tail changed.
 func (a *acquisition) handOver(ctx context.Context) error {
 	m, key, w := a.m, a.m.lockKey(), a.next
 	ops := releaseGuard(key, m.s.id)
@@ -114,10 +111,9 @@ func (a *acquisition) handOver(ctx context.Context) error {
 	return nil
 }
 
-// look learns whom to hand the lock to: first (wait) from the link of the
-// waiter that queued behind us, up to linkWait; else from a read of the
-// queue (none: the tail key's index). It fails with holdfast.ErrNotHeld if
-// our session no longer holds the key.
+// look learns whom to hand the lock to: if wait, from a link behind us
+// within linkWait; else from a read of the queue (none: the tail key's
+// index). holdfast.ErrNotHeld: our session no longer holds the key.
 func (a *acquisition) look(ctx context.Context, wait bool) error {
 	m := a.m
 	for start := time.Now(); wait && time.Since(start) < linkWait; {
@@ -155,10 +151,8 @@ func (a *acquisition) look(ctx context.Context, wait bool) error {
 }
 
 // leave takes our entry out of the queue in two transactions that a retry
-// can repeat (docs/DESIGN.md, "Consul acquire"): one reads our subtree, the
-// lock and tail keys and deletes our entry and held mark; one wakes the
-// waiters linked behind us and deletes the rest of our subtree. A tail key
-// naming us is repaired (Mutex.repairTail). It returns the lock key.
+// can repeat, and repairs a tail key naming us (docs/DESIGN.md, "Consul
+// acquire"). It returns the lock key.
 func (m *Mutex) leave(ctx context.Context) (*api.KVPair, error) {
 	resp, err := m.s.txn(ctx, api.TxnOps{
 		kvOp(api.KVGetTree, m.queueKey()), kvOp(api.KVGetOrEmpty, m.lockKey()), kvOp(api.KVGetOrEmpty, m.tailKey()),

@@ -234,7 +234,7 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 
 // createSession creates a session with body's fields, all explicit (the
 // Go API omits a zero LockDelay), sent again while Consul refuses it
-// unapplied, within requestTimeout. sent is when the last attempt was sent.
+// unapplied, within requestTimeout; sent: when the last attempt went.
 func createSession(ctx context.Context, client *api.Client, body map[string]any) (id string, sent time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -327,9 +327,8 @@ func (s *Session) checkSoon() {
 	}
 }
 
-// checkKeys reads the keys of the held grants, 64 to a transaction, within
-// limit, and ends those our session no longer holds (deleted or taken over
-// from outside). Errors are left to the next check or the deadline.
+// checkKeys reads the held grants' keys, 64 to a transaction, within limit,
+// and ends those our session no longer holds; errors wait for the next check.
 func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 	if !keyCheck() {
 		return
@@ -360,8 +359,8 @@ func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 }
 
 // watch follows the session with a blocking query, so that a session
-// destroyed or invalidated in Consul ends at once. Errors are retried; a
-// refusal (an ACL without session:read) leaves the renewals alone in charge.
+// destroyed or invalidated in Consul ends at once; a refusal (an ACL
+// without session:read) leaves the renewals alone in charge.
 func (s *Session) watch(ctx context.Context) {
 	defer s.tasks.Done()
 	if !sessionWatch() {
@@ -386,21 +385,6 @@ func (s *Session) watch(ctx context.Context) {
 			return
 		}
 		index = meta.LastIndex
-	}
-}
-
-// sleep waits for d or until ctx is done, and reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -498,7 +482,7 @@ func (s *Session) aliveLocked() error {
 	return s.keeper.Err()
 }
 
-// hold and forget record that g holds its lock key in Consul, and no longer.
+// hold and forget record that g holds its key in Consul, and no longer.
 func (s *Session) hold(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -19,10 +19,12 @@ import (
 const MaxTxnOps = 128
 
 // txn sends ops to /v1/txn as one transaction, sent again while Consul
-// refuses it unapplied (see refused), until ctx ends. When Consul rolls it
-// back (HTTP 409), the error is a *rollback and the response holds its
-// Errors.
+// refuses it unapplied (see refused), until ctx ends or requestTimeout
+// passes. When Consul rolls it back (HTTP 409), the error is a *rollback
+// and the response holds its Errors.
 func (s *Session) txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	var resp *api.TxnResponse
 	var err error
 	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {

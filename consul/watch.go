@@ -121,10 +121,7 @@ func (s *Session) dropDead(ctx context.Context, dead []*api.KVPair) {
 		}
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	err := drop(rctx)
-	cancel()
-	if err != nil {
+	if err := drop(ctx); err != nil {
 		s.bg.Go(func(ctx context.Context) { _ = core.Retry(ctx, drop) })
 	}
 }

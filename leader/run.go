@@ -162,7 +162,7 @@ func Run[G holdfast.Grant](ctx context.Context, c Candidate[G], cfg Config[G]) e
 			// OnStartedLeading returned while leading: pause before the
 			// next campaign, so that a callback that returns at once does
 			// not spin.
-			sleep(ctx, cfg.RetryMin)
+			core.Sleep(ctx, cfg.RetryMin)
 		}
 	}
 	return nil
@@ -205,16 +205,4 @@ func isNil[G holdfast.Grant](c Candidate[G]) bool {
 	}
 	v := reflect.ValueOf(c)
 	return v.Kind() == reflect.Pointer && v.IsNil()
-}
-
-// sleep waits for d or until ctx ends, and reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -422,7 +422,7 @@ func (g *Group[G]) serve(ctx context.Context, s Shard, l holdfast.GrantLocker[G]
 			return
 		}
 		if g.hold(ctx, s, gr, work) && ctx.Err() == nil {
-			sleep(ctx, g.cfg.RetryMin)
+			core.Sleep(ctx, g.cfg.RetryMin)
 		}
 	}
 }

@@ -174,7 +174,7 @@ func (b etcdBackend) watch(ctx context.Context, prefix string, out chan []entry)
 		}
 		cancel()
 		if ctx.Err() == nil {
-			sleep(ctx, core.RetryFirstPause)
+			core.Sleep(ctx, core.RetryFirstPause)
 		}
 	}
 }
@@ -282,14 +282,4 @@ func (b consulBackend) watch(ctx context.Context, prefix string, out chan []entr
 
 func sameEntry(a, b entry) bool {
 	return a.key == b.key && a.session == b.session && string(a.value) == string(b.value)
-}
-
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

@@ -107,14 +107,26 @@ func (b Backoff) Retry(ctx context.Context, attempt func(context.Context) error)
 		if b.Jitter {
 			wait = rand.N(pause)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !Sleep(ctx, wait) {
 			return context.Cause(ctx)
-		case <-t.C:
 		}
 		pause = min(2*pause, most)
+	}
+}
+
+// Sleep waits for d or until ctx ends, and reports whether d elapsed (with
+// d <= 0: whether ctx lives).
+func Sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

@@ -119,13 +119,11 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 		index = rec.ModifyIndex
 	}
 	val := []byte(core.FormatPeriod(period))
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	resp, err := o.s.txn(rctx, api.TxnOps{
+	resp, err := o.s.txn(ctx, api.TxnOps{
 		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: o.record, Flags: ClaimFlags, Index: index, Value: val}},
 		kvOp(api.KVCheckNotExists, o.run),
 		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.run, Flags: ClaimFlags, Session: id, Value: val}},
 	})
-	cancel()
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():

@@ -3,7 +3,6 @@ package consul
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -120,13 +119,11 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 		index = rec.ModifyIndex
 	}
 	val := []byte(core.FormatPeriod(period))
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	resp, err := o.s.txn(rctx, api.TxnOps{
+	resp, err := o.s.txn(ctx, api.TxnOps{
 		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: o.record, Flags: ClaimFlags, Index: index, Value: val}},
 		kvOp(api.KVCheckNotExists, o.run),
 		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVLock, Key: o.run, Flags: ClaimFlags, Session: id, Value: val}},
 	})
-	cancel()
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.denied():
@@ -147,13 +144,11 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 }
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
-// no checks, named "holdfast claim <name> <random hex>", so that one whose
+// no checks, named "holdfast claim <name> <random text>", so that one whose
 // creation had no answer (and may be applied later) can be found and
 // destroyed, within ttl.
 func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
-	var nonce [8]byte
-	_, _ = rand.Read(nonce[:])
-	name := "holdfast claim " + o.name + " " + hex.EncodeToString(nonce[:])
+	name := "holdfast claim " + o.name + " " + rand.Text()
 	body := map[string]any{"Name": name, "TTL": ttl.String(), "LockDelay": "0ms", "Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{}}
 	id, _, err := createSession(ctx, o.s.client, body)
 	if c := statusCode(err); err != nil && (c == 0 || c >= 500 && !refused(err)) {
@@ -304,10 +299,6 @@ func (c *Claim) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, erro
 	return c.o.s.heldTxn(ctx, c.base, c.o.name+"/.", claimGuard(c), ops, "claim session "+c.id)
 }
 
-// release destroys the claim's session (one attempt; the core retries it),
-// which deletes the run's mark.
-func (c *Claim) release(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	return c.o.destroy(rctx, c.id)
-}
+// release destroys the claim's session (one attempt, which the core bounds
+// and retries), which deletes the run's mark.
+func (c *Claim) release(ctx context.Context) error { return c.o.destroy(ctx, c.id) }

@@ -3,7 +3,6 @@ package consul
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/hashicorp/consul/api"
 
@@ -17,10 +16,8 @@ import (
 // the ModifyIndex of the write that took the key (docs/DESIGN.md,
 // "Elections"). Campaign calls through one Election take turns.
 type Election struct {
-	m *Mutex // the lock key and the queue; Lock is never called on it
-
-	mu  sync.Mutex
-	cur *Grant // the latest leadership won through this Election
+	m    *Mutex                  // the lock key and the queue; Lock is never called on it
+	ours core.Leadership[*Grant] // the latest leadership won through this Election
 }
 
 // NewElection returns the election called name (holdfast.ValidateName),
@@ -47,30 +44,14 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	e.cur = g
-	e.mu.Unlock()
-	return g, nil
-}
-
-// current returns the leadership held, or fails with holdfast.ErrNotHeld.
-func (e *Election) current() (*Grant, error) {
-	e.mu.Lock()
-	g := e.cur
-	e.mu.Unlock()
-	if g == nil {
-		return nil, fmt.Errorf("%w: not the leader of %s", holdfast.ErrNotHeld, e.m.name)
-	}
-	if !g.base.Held() {
-		return nil, g.base.NotHeld()
-	}
+	e.ours.Won(g, g.base)
 	return g, nil
 }
 
 // Resign is Unlock of the grant Campaign returned; without one held, it
 // returns an error wrapping holdfast.ErrNotHeld.
 func (e *Election) Resign(ctx context.Context) error {
-	g, err := e.current()
+	g, err := e.ours.Current(e.m.name)
 	if err != nil {
 		return err
 	}
@@ -85,7 +66,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	g, err := e.current()
+	g, err := e.ours.Current(e.m.name)
 	if err != nil {
 		return err
 	}

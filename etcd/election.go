@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -45,9 +44,7 @@ import (
 type Election struct {
 	s    *Session
 	name string
-
-	mu  sync.Mutex
-	cur *Grant // the latest leadership won through this Election
+	ours core.Leadership[*Grant] // the latest leadership won through this Election
 }
 
 // NewElection returns the election called name, campaigned through session
@@ -86,24 +83,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Grant, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	e.cur = g
-	e.mu.Unlock()
-	return g, nil
-}
-
-// current returns the latest leadership won through e, or an error wrapping
-// holdfast.ErrNotHeld if there is none or it has ended.
-func (e *Election) current() (*Grant, error) {
-	e.mu.Lock()
-	g := e.cur
-	e.mu.Unlock()
-	if g == nil {
-		return nil, fmt.Errorf("%w: not the leader of %s", holdfast.ErrNotHeld, e.name)
-	}
-	if !g.base.Held() {
-		return nil, g.base.NotHeld()
-	}
+	e.ours.Won(g, g.base)
 	return g, nil
 }
 
@@ -112,7 +92,7 @@ func (e *Election) current() (*Grant, error) {
 // its leadership was released or lost), it returns an error wrapping
 // holdfast.ErrNotHeld.
 func (e *Election) Resign(ctx context.Context) error {
-	g, err := e.current()
+	g, err := e.ours.Current(e.name)
 	if err != nil {
 		return err
 	}
@@ -129,7 +109,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	g, err := e.current()
+	g, err := e.ours.Current(e.name)
 	if err != nil {
 		return err
 	}

@@ -585,3 +585,28 @@ func TestGrantUnlockDoneContextSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// Leadership's Current fails with ErrNotHeld before a win and after the
+// leadership ends, and returns the latest win in between.
+func TestLeadership(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSession()
+		defer s.close()
+		f := newFakeStore()
+		var l Leadership[*Grant]
+		if _, err := l.Current("e"); !errors.Is(err, holdfast.ErrNotHeld) {
+			t.Fatalf("Current before a win: %v, want ErrNotHeld", err)
+		}
+		g := f.grant(s)
+		l.Won(g, g)
+		if got, err := l.Current("e"); err != nil || got != g {
+			t.Fatalf("Current after a win = %v, %v", got, err)
+		}
+		if err := g.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Current("e"); !errors.Is(err, holdfast.ErrNotHeld) {
+			t.Errorf("Current after Unlock: %v, want ErrNotHeld", err)
+		}
+	})
+}

@@ -92,41 +92,37 @@ func (p *permits) leaveOnce(ctx context.Context, how leaveMode) error {
 }
 
 // leaveOps are a leave's writes from v (in: we are a holder); after: they
-// leave room (step 6).
+// leave room, or a waiter leaves (step 6).
 func (p *permits) leaveOps(v pview, how leaveMode, in bool) (ops api.TxnOps, after bool) {
-	others := v.waiters // all but ours: a late join of ours may have replaced our key
-	if v.pos >= 0 {
-		others = slices.Delete(slices.Clone(v.waiters), v.pos, v.pos+1)
-	}
+	mine := kvOp(api.KVDelete, p.myKey)
 	switch {
-	case in && v.err != nil:
-		// The lock key is not ours to write: we become a dead holder.
-		return api.TxnOps{kvOp(api.KVDelete, p.myKey)}, false
-	case !in: // step 5: the waiters that now fit are admitted (we may have been the head)
-		ops = api.TxnOps{deleteCAS(p.myKey, v.me.ModifyIndex)}
-		if v.err != nil {
-			return ops, false
-		}
-		if st, admitted := p.admit(v.st, others); len(admitted) > 0 {
-			ops = append(ops, p.writeOps(v, st, admitted)...)
-		}
-		return ops, true
+	case !in: // a waiter's key, unless a release admitted it meanwhile
+		mine = deleteCAS(p.myKey, v.me.ModifyIndex)
+	case how == leaveDowngrade:
+		mine = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valDowngraded)}}
 	}
-	st := v.st.clone() // step 2
-	delete(st.holders, p.s.id)
-	if how == leaveDowngrade {
-		st.holders[p.s.id] = false
+	if v.err != nil { // the lock key is not ours to write: a holder becomes a dead one
+		return api.TxnOps{mine}, false
 	}
+	st := v.st
+	if in { // step 2
+		st = st.clone()
+		delete(st.holders, p.s.id)
+		if how == leaveDowngrade {
+			st.holders[p.s.id] = false
+		}
+	}
+	// All waiters but ours: a late join of ours may have replaced our key.
+	others := slices.DeleteFunc(slices.Clone(v.waiters), func(w contender) bool { return w.key == p.myKey })
 	st, admitted := p.admit(st, others)
-	if len(st.holders) == 0 && len(others) == 0 && v.lock != nil {
+	switch {
+	case !in && len(admitted) == 0: // step 5: a waiter's leave admits nobody
+	case len(st.holders) == 0 && len(others) == 0 && v.lock != nil:
 		ops = api.TxnOps{deleteCAS(p.lockKey, v.lock.ModifyIndex)} // nothing left behind
-	} else {
+	default:
 		ops = p.writeOps(v, st, admitted)
 	}
-	if how == leaveDowngrade {
-		return append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.myKey, Index: v.me.ModifyIndex, Flags: p.flags, Value: []byte(valDowngraded)}}), p.roomy(st)
-	}
-	return append(ops, kvOp(api.KVDelete, p.myKey)), p.roomy(st)
+	return append(ops, mine), !in || p.roomy(st)
 }
 
 // passOn admits the waiters that fit in v, the subtree as a write of ours

@@ -274,17 +274,14 @@ type permitState struct {
 
 func (st permitState) clone() permitState { return permitState{st.limit, maps.Clone(st.holders)} }
 
-// semaphoreLock is api.Semaphore's lock value.
-type semaphoreLock struct {
-	Limit   int
-	Holders map[string]bool
-}
-
 // decodeSemaphoreLock decodes api.Semaphore's lock value as it does (every
 // name in Holders holds a permit); a limit below 1 is an error.
 func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
 	st := permitState{limit: limit, holders: map[string]bool{}}
-	var l semaphoreLock
+	var l struct {
+		Limit   int
+		Holders map[string]bool
+	}
 	if len(value) == 0 {
 		return st, nil
 	} else if err := json.Unmarshal(value, &l); err != nil {

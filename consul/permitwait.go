@@ -30,13 +30,6 @@ type pacq struct {
 	free      func() // frees the name in-process once the grant ended
 }
 
-func (a *pacq) join(ctx context.Context, try bool) (uint64, error) {
-	if try {
-		return a.try(ctx)
-	}
-	return a.wait(ctx)
-}
-
 func (a *pacq) cleanup() (leftover, bool, bool) { return a.p.leftover(), a.left, a.uncertain }
 
 // grant wraps our admitted contender key in a Grant that a releases.
@@ -62,14 +55,11 @@ func (p *permits) leftover() leftover {
 func (a *pacq) try(ctx context.Context) (uint64, error) {
 	p := a.p
 	v, err := p.read(ctx, false)
-	if err != nil {
+	if err = cmp.Or(err, v.err); err != nil {
 		return 0, err
 	}
 	hookTryRead(p)
-	switch {
-	case v.err != nil:
-		return 0, v.err
-	case len(v.waiters) > 0 || !p.fits(v.st, a.exclusive):
+	if len(v.waiters) > 0 || !p.fits(v.st, a.exclusive) {
 		return 0, fmt.Errorf("%w: %s has no free permit, or contenders wait for one", holdfast.ErrLocked, p.name)
 	}
 	st, _ := p.admit(v.st, []contender{{session: p.s.id, exclusive: a.exclusive}})
@@ -132,8 +122,12 @@ func (a *pacq) enter(ctx context.Context) (pview, error) {
 	return p.parse(latest(resp.Results)), nil
 }
 
-// wait is Lock: join, then wait in the queue until admitted.
-func (a *pacq) wait(ctx context.Context) (uint64, error) {
+// join is Lock (TryLock if try: see pacq.try): join, then wait in the
+// queue until admitted.
+func (a *pacq) join(ctx context.Context, try bool) (uint64, error) {
+	if try {
+		return a.try(ctx)
+	}
 	p := a.p
 	v, err := a.enter(ctx) // 1. create our key, read the subtree
 	for joins := 1; ; {
@@ -171,9 +165,8 @@ func (a *pacq) wait(ctx context.Context) (uint64, error) {
 // release that admits it marks, before it watches the subtree too.
 const handoffPatience = 250 * time.Millisecond
 
-// behind waits (at most blockWait) for the key of pred, the waiter just
-// ahead of us, to change: valHeldNext, the write that admitted pred admitted
-// us too; valHeld, we are the head. 0: the caller reads again.
+// behind is step 3: it waits (at most blockWait) for pred's key, the waiter
+// just ahead of us, to change. 0: the caller reads again.
 func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, error) {
 	next, err := a.p.s.watchKey(ctx, pred.key, pred.index, blockWait)
 	switch {
@@ -187,9 +180,8 @@ func (a *pacq) behind(ctx context.Context, v pview, pred contender) (uint64, err
 	return 0, nil
 }
 
-// atHead is the wait of the head, whose view v has no room: if patient, on
-// its own key for handoffPatience; then on the subtree (as api.Semaphore's
-// waiter), admitting itself once there is room. 0: the caller reads again.
+// atHead is step 4's wait of the head, whose view v has no room (if
+// patient, first on its own key). 0: the caller reads again.
 func (a *pacq) atHead(ctx context.Context, v pview, patient bool) (uint64, error) {
 	p := a.p
 	if patient {

@@ -27,6 +27,12 @@ func newSemaphore(t testing.TB, s *Session, name string, limit int) *Semaphore {
 	return m
 }
 
+// semaphoreLock is api.Semaphore's lock value (api's own type is unexported).
+type semaphoreLock struct {
+	Limit   int
+	Holders map[string]bool
+}
+
 // semLock reads the semaphore's lock key: its limit and holders (nil if
 // absent).
 func semLock(t testing.TB, c *api.Client, name string) *semaphoreLock {

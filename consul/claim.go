@@ -68,7 +68,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	var id string // the run's session, once created: destroyed on failure
 	defer func() {
 		if err != nil && id != "" {
-			o.dispose(ctx, core.Backoff{Attempt: core.AttemptTimeout}, 0, func(ctx context.Context) error { return o.destroy(ctx, id) })
+			core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout}, 0, func(ctx context.Context) error { return o.destroy(ctx, id) })
 		}
 	}()
 	var sent time.Time
@@ -153,36 +153,12 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	id, _, err := createSession(ctx, o.s.client, body)
 	if c := statusCode(err); err != nil && (c == 0 || c >= 500 && !refused(err)) {
 		// No answer, or the agent's error while the servers may have applied it.
-		o.dispose(ctx, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
+		core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
 	}
 	if err != nil {
 		return "", apiError("create claim session", err)
 	}
 	return id, nil
-}
-
-// claimCleanup bounds the destruction of a session a claim did not use, so
-// that nothing is left when the process exits right after.
-const claimCleanup = 2 * time.Second
-
-// dispose runs destroy now, within claimCleanup (ctx's values, not its
-// end); if that fails, with b in the session's background, for at most
-// within (0: no bound). The claim session expires by its TTL anyway.
-func (o *Once) dispose(ctx context.Context, b core.Backoff, within time.Duration, destroy func(context.Context) error) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
-	err := destroy(dctx)
-	cancel()
-	if err == nil {
-		return
-	}
-	o.s.bg.Go(func(ctx context.Context) {
-		if within > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, within)
-			defer cancel()
-		}
-		_ = b.Retry(ctx, destroy)
-	})
 }
 
 // errNoLeftover: no claim session of that name yet (its creation may still

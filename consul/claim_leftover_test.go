@@ -12,13 +12,14 @@ import (
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // TestClaimSessionLeftover: a claim session whose creation Consul applied
 // but whose answer never reached the claim (the answer lost, or the request
 // applied after the claim's context ended, as when a frozen agent resumes)
 // is looked up by its unique name and destroyed: none is left once Claim
-// returned (within claimCleanup), in each mode.
+// returned (within core.ClaimCleanup), in each mode.
 func TestClaimSessionLeftover(t *testing.T) {
 	t.Parallel()
 	a := agent(t)
@@ -47,7 +48,7 @@ func TestClaimSessionLeftover(t *testing.T) {
 				t.Fatal("the fault did not fire")
 			}
 			<-f.Done()
-			waitFor(t, claimCleanup, "no claim session left", func() bool { return len(claimSessions(t, admin, name)) == 0 })
+			waitFor(t, core.ClaimCleanup, "no claim session left", func() bool { return len(claimSessions(t, admin, name)) == 0 })
 		})
 	}
 }

@@ -153,23 +153,10 @@ func (o *Once) fail(ctx context.Context, what string, err error) error {
 	return core.ClaimFail(ctx, "holdfast/etcd: claim "+o.name+": "+what, o.s.alive(), storeErr(err))
 }
 
-// claimCleanup bounds the revocation of a lease a claim did not use, so
-// that nothing is left when the process exits right after.
-const claimCleanup = 2 * time.Second
-
-// revoke revokes lease now, bounded by claimCleanup (ctx's values, not its
-// end); if that fails, in the session's background, retrying while the
-// session lives (the lease expires by itself anyway).
+// revoke revokes lease, a claim's that it did not use (see core.Dispose):
+// retried in the background while the session lives.
 func (o *Once) revoke(ctx context.Context, lease clientv3.LeaseID) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanup)
-	err := revokeOnce(rctx, o.s.client, lease)
-	cancel()
-	if err == nil {
-		return
-	}
-	o.s.bg.Go(func(ctx context.Context) {
-		_ = core.Retry(ctx, func(ctx context.Context) error { return revokeOnce(ctx, o.s.client, lease) })
-	})
+	core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout}, 0, func(ctx context.Context) error { return revokeOnce(ctx, o.s.client, lease) })
 }
 
 // revokeOnce revokes lease: nil if it is gone.

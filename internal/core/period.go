@@ -96,6 +96,31 @@ func ClaimFail(ctx context.Context, prefix string, ended, err error) error {
 	return fmt.Errorf("%s: %w", prefix, err)
 }
 
+// ClaimCleanup bounds the first attempt of Dispose, so that nothing is left
+// when the process exits right after.
+const ClaimCleanup = 2 * time.Second
+
+// Dispose removes what a claim did not use (its lease or session, which
+// expires anyway) by remove: now, within ClaimCleanup (ctx's values, not
+// its end); if that fails, retried with b in bg, for at most within (0: no
+// bound).
+func Dispose(ctx context.Context, bg *Background, b Backoff, within time.Duration, remove func(context.Context) error) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimCleanup)
+	err := remove(dctx)
+	cancel()
+	if err == nil {
+		return
+	}
+	bg.Go(func(ctx context.Context) {
+		if within > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, within)
+			defer cancel()
+		}
+		_ = b.Retry(ctx, remove)
+	})
+}
+
 // ClaimGrant returns the grant of a claim's run mark key, made with a lease
 // or session of its own of ttl asked for at sent, never renewed: its
 // deadline is sent + ttl - ttl/5; it ends with the holdfast session (whose

@@ -94,12 +94,7 @@ func (g *MultiGrant) Grant(name string) *Grant {
 
 // Token returns the fencing token of name's grant (0 if name is not one of
 // the set): what fences a write to the resource that name protects.
-func (g *MultiGrant) Token(name string) holdfast.Token {
-	if p := g.Grant(name); p != nil {
-		return p.Token()
-	}
-	return 0
-}
+func (g *MultiGrant) Token(name string) holdfast.Token { return g.multi.Token(name) }
 
 // Context is cancelled when any part ends: with holdfast.ErrReleased after
 // Unlock, else with the first lost part's cause (wrapping
@@ -110,12 +105,7 @@ func (g *MultiGrant) Context() context.Context { return g.multi.Context() }
 func (g *MultiGrant) Deadline() time.Time { return g.multi.Deadline() }
 
 // Key returns the key of name's grant ("" if name is not one of the set).
-func (g *MultiGrant) Key(name string) string {
-	if p := g.Grant(name); p != nil {
-		return p.Key()
-	}
-	return ""
-}
+func (g *MultiGrant) Key(name string) string { return g.multi.Key(name) }
 
 // Unlock releases every part concurrently, each as Grant.Unlock does
 // (guarded, bounded by ctx, finished in the background if ctx ends first),

@@ -148,6 +148,22 @@ func (m *Multi[G]) Part(name string) (G, bool) {
 	return zero, false
 }
 
+// Token returns the token of name's grant (0: not one of the set).
+func (m *Multi[G]) Token(name string) holdfast.Token {
+	if p, ok := m.Part(name); ok {
+		return p.Token()
+	}
+	return 0
+}
+
+// Key returns the key of name's grant ("": not one of the set).
+func (m *Multi[G]) Key(name string) string {
+	if p, ok := m.Part(name); ok {
+		return p.Key()
+	}
+	return ""
+}
+
 // Context is cancelled when any part ends: with ErrReleased after Unlock,
 // else with the cause of the first part that ended, naming it.
 func (m *Multi[G]) Context() context.Context { return m.ctx }

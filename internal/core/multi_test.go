@@ -102,6 +102,9 @@ func TestLockAll(t *testing.T) {
 	if _, ok := m.Part("z"); ok {
 		t.Error("Part(z) found")
 	}
+	if m.Key("b") != "b/k" || m.Token("b") != 1 || m.Key("z") != "" || m.Token("z") != 0 {
+		t.Errorf("Key, Token of b = %q, %d; of z = %q, %d", m.Key("b"), m.Token("b"), m.Key("z"), m.Token("z"))
+	}
 	if !m.Held() {
 		t.Fatal("multi-grant not held after LockAll")
 	}

@@ -25,7 +25,7 @@ func (p *permits) acquire(ctx context.Context, exclusive, try bool, reentry *cor
 type pacq struct {
 	p         *permits
 	exclusive bool
-	left      bool   // something of ours may be in Consul
+	left      bool   // a write of ours may have applied
 	uncertain bool   // a write got no answer (see Session.sweepLater)
 	free      func() // frees the name in-process once the grant ended
 }
@@ -74,7 +74,6 @@ func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, try, after bool) (u
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && try:
-		a.left = false
 		return 0, fmt.Errorf("%w: %s changed meanwhile", holdfast.ErrLocked, a.p.name)
 	case rb != nil:
 		return 0, nil
@@ -89,7 +88,6 @@ func (a *pacq) admitTxn(ctx context.Context, ops api.TxnOps, try, after bool) (u
 // send sends a transaction that writes our key: a race is an error wrapping
 // the *rollback; an ACL refusal (txnError) or our session's end is not.
 func (a *pacq) send(ctx context.Context, what string, ops api.TxnOps, after bool) (*api.TxnResponse, error) {
-	a.left = true
 	resp, err := a.p.write(ctx, ops, after)
 	var rb *rollback
 	switch {
@@ -100,6 +98,7 @@ func (a *pacq) send(ctx context.Context, what string, ops api.TxnOps, after bool
 	case err != nil:
 		a.uncertain = true
 	}
+	a.left = true // not rolled back
 	return resp, err
 }
 

@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/embedtest"
+	"github.com/holdfast/holdfast/internal/core"
 )
 
 // The request-fault table (issue 25): for each primitive, each kind of
@@ -45,7 +48,9 @@ import (
 // faults: about 200 cases, 50 s), and fails on a kind not listed (a
 // rare interleaving may show one: the default run only logs it).
 // HOLDFAST_FAULTS_CASE=<substring of "primitive, mode, kind"> runs the
-// matching cases only, and prints the events of a failed one.
+// matching cases only, and prints the events of a failed one. The
+// once-per-period claim ("claim", HOLDFAST_FAULTS=all) has a scenario of
+// its own, claimRun, and logs each case's runs and skips.
 
 // faultKinds are the request kinds each primitive's contender sends in the
 // table's run (see kindOf); the table fails on a kind not listed.
@@ -131,6 +136,16 @@ var faultKinds = map[string][]string{
 		"PUT /v1/txn [delete N/.queue/S/prev/S, delete-tree N/.queue/S/]",
 		"PUT /v1/txn [delete N/.tail, delete-tree N/.queue/S, get-or-empty N/.lock, get-or-empty N/.tail, get-tree N/.queue/S/, lock N/.queue/S, lock N/.tail]",
 	},
+	// A claim (see claimRun): the record's read, the claim session's
+	// creation, the claim transaction, the claim session's destruction
+	// (Unlock, or an unused one's) and the holdfast session's reads.
+	"claim": {
+		"GET /v1/kv/N/.claim",
+		"GET /v1/session/info/S",
+		"PUT /v1/session/create",
+		"PUT /v1/session/destroy/S",
+		"PUT /v1/txn [cas N/.claim, check-not-exists N/.run, lock N/.run]",
+	},
 	"multi": {
 		"GET /v1/kv/N/part/",
 		"GET /v1/kv/N/part/.queue/S",
@@ -167,6 +182,19 @@ type faultPrim struct {
 	// open returns contender i's lock through s on the names under base:
 	// lock returns the grant's weight, its context and its unlock.
 	open func(s *Session, base string, i, round int) func(ctx context.Context) (int, context.Context, func(context.Context) error, error)
+	// run, if set, is the primitive's own scenario instead of faultRun's
+	// (the claim's, claimRun); mode is the case's (0: no fault), note what
+	// the case reports besides its failures.
+	run func(t *testing.T, a *embedtest.ConsulAgent, base string, mode embedtest.FaultMode, inject func(*embedtest.FaultTransport) *embedtest.Fault, observe func(method, path string, body []byte)) (errs []string, fired bool, note string)
+}
+
+// scenario runs p's scenario (see faultRun and faultPrim.run).
+func (p faultPrim) scenario(t *testing.T, a *embedtest.ConsulAgent, base string, mode embedtest.FaultMode, inject func(*embedtest.FaultTransport) *embedtest.Fault, observe func(method, path string, body []byte)) (errs []string, fired bool, note string) {
+	if p.run != nil {
+		return p.run(t, a, base, mode, inject, observe)
+	}
+	errs, fired = faultRun(t, a, p, base, inject, observe)
+	return errs, fired, ""
 }
 
 // openMutex opens the table's Mutex.
@@ -253,6 +281,175 @@ var faultPrims = []faultPrim{
 			return 1, g.Context(), g.Unlock, nil
 		}
 	}},
+	{name: "claim", run: claimRun},
+}
+
+// claimRounds is how many periods the claim's scenario claims, and
+// claimSched its schedule: AtMost the shortest Consul allows; the periods
+// are explicit and Every apart, ahead of the wall clock, so that none is
+// over while a case runs (a run takes well under Every).
+const claimRounds = 4
+
+var claimSched = holdfast.Schedule{Every: 5 * time.Second, AtMost: 2 * MinTTL}
+
+// claimRun is the claim's scenario (consul.Once), in place of faultRun's:
+// three claimants, one Once each on base through its own session (A's
+// through ft, the fault armed once the sessions exist), claim one period a
+// round for claimRounds rounds; in round k claimant k mod 3 starts and the
+// two others 30 ms later (A first in rounds 0 and 3); the winner runs 30
+// ms and Unlocks before the next round; A's claims give up after 1 s. The
+// checks:
+//
+//   - at most one run per period, runs never overlap, tokens increase;
+//   - liveness: every period runs (B and C are never faulted), except in
+//     the late mode, where a period may be skipped (docs/DESIGN.md, claims
+//     step 2): the note counts the skips;
+//   - nothing left behind: no claim session within core.ClaimCleanup of
+//     the fault's end while the sessions live (step 3), then, once they
+//     are closed, no key under base but the record base/.claim, and none
+//     of the three sessions.
+func claimRun(t *testing.T, a *embedtest.ConsulAgent, base string, mode embedtest.FaultMode, inject func(*embedtest.FaultTransport) *embedtest.Fault, observe func(method, path string, body []byte)) (errs []string, fired bool, note string) {
+	ft := &embedtest.FaultTransport{Observe: observe}
+	defer ft.Close()
+	ac, err := a.NewClient(func(cfg *api.Config) { cfg.HttpClient = &http.Client{Transport: ft} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sessions []*Session
+	var onces []*Once
+	for i := range 3 {
+		c := ac
+		if i > 0 {
+			c = a.Client(t)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := NewSession(ctx, c, WithTTL(MinTTL), WithLockDelay(0))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		o, err := NewOnce(s, base, claimSched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions, onces = append(sessions, s), append(onces, o)
+	}
+	var f *embedtest.Fault
+	if inject != nil {
+		f = inject(ft)
+		f.Late = 100 * time.Millisecond
+	}
+	tr := newTracker(1) // one run at a time
+	var (
+		mu   sync.Mutex
+		runs [claimRounds]int
+		last holdfast.Token
+	)
+	first := claimSched.Period(time.Now()).Add(claimSched.Every)
+	for k := range claimRounds {
+		period := first.Add(time.Duration(k) * claimSched.Every)
+		var wg sync.WaitGroup
+		for i, o := range onces {
+			wg.Go(func() {
+				who := string(rune('A' + i))
+				if i != k%len(onces) {
+					time.Sleep(30 * time.Millisecond)
+				}
+				wait := 10 * time.Second
+				if i == 0 {
+					wait = time.Second
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				cl, err := o.ClaimPeriod(ctx, period)
+				tr.event("%s period %d: claim: %v", who, k, err)
+				if err != nil {
+					if i > 0 && !errors.Is(err, holdfast.ErrClaimed) {
+						tr.fail("%s's claim of period %d: %v", who, k, err)
+					}
+					return
+				}
+				mu.Lock()
+				runs[k]++
+				if cl.Token() <= last {
+					tr.fail("%s's token %d for period %d, after %d", who, cl.Token(), k, last)
+				}
+				last = cl.Token()
+				mu.Unlock()
+				tr.set(1, false, who) // fails if another run is under way
+				time.Sleep(30 * time.Millisecond)
+				if cl.Context().Err() != nil && i > 0 {
+					tr.fail("%s's claim of period %d ended: %v", who, k, context.Cause(cl.Context()))
+				}
+				tr.set(-1, false, who)
+				uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				err = cl.Unlock(uctx)
+				tr.event("%s period %d: unlocked: %v", who, k, err)
+				if err != nil && i > 0 {
+					tr.fail("%s's Unlock of period %d: %v", who, k, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	skips := 0
+	for k, n := range runs {
+		switch {
+		case n > 1:
+			tr.fail("period %d ran %d times", k, n)
+		case n == 0 && mode == embedtest.FaultLate:
+			skips++
+		case n == 0:
+			tr.fail("liveness: period %d did not run", k)
+		}
+	}
+	fired = f != nil && isClosed(f.Fired())
+	if f != nil {
+		select {
+		case <-f.Done():
+		case <-time.After(3 * time.Second):
+		}
+	}
+	admin := a.Client(t)
+	if !within(core.ClaimCleanup, func() bool { return len(claimSessions(t, admin, base)) == 0 }) {
+		tr.fail("left behind: claim sessions %v, %v after the fault played out", claimSessions(t, admin, base), core.ClaimCleanup)
+	}
+	for _, s := range sessions {
+		_ = s.Close()
+	}
+	ft.Close()
+	var ks []string
+	if !within(2*time.Second, func() bool {
+		ks, _, err = admin.KV().Keys(base+"/", "", nil)
+		return err == nil && slices.Equal(ks, []string{base + "/.claim"})
+	}) {
+		tr.fail("left behind: keys %v (%v), want the record alone", ks, err)
+	}
+	for _, s := range sessions {
+		if e, _, err := admin.Session().Info(s.ID(), nil); err != nil || e != nil {
+			tr.fail("left behind: session %s (%v)", s.ID(), err)
+		}
+	}
+	if len(tr.errs) > 0 && os.Getenv("HOLDFAST_FAULTS_CASE") != "" {
+		t.Logf("events:\n%s", strings.Join(tr.log, "\n"))
+	}
+	run := 0
+	for _, n := range runs {
+		run += min(n, 1)
+	}
+	return tr.errs, fired, fmt.Sprintf("%d periods, %d run, %d skipped", claimRounds, run, skips)
+}
+
+// within polls cond every 20 ms for up to d: whether it held.
+func within(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 var (
@@ -534,7 +731,7 @@ func TestRequestFaults(t *testing.T) {
 		base := uniqueName(t) + "/" + p.name
 		var mu sync.Mutex
 		seen := map[string]bool{}
-		errs, _ := faultRun(t, a, p, base, nil, func(method, path string, body []byte) {
+		errs, _, _ := p.scenario(t, a, base, 0, nil, func(method, path string, body []byte) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen[kindOf(base, method, path, body)] = true
@@ -576,11 +773,14 @@ func TestRequestFaults(t *testing.T) {
 		wg.Go(func() {
 			for c := range work {
 				base := uniqueName(t) + "/" + c.prim.name
-				errs, hit := faultRun(t, a, c.prim, base, func(ft *embedtest.FaultTransport) *embedtest.Fault {
+				errs, hit, note := c.prim.scenario(t, a, base, c.mode, func(ft *embedtest.FaultTransport) *embedtest.Fault {
 					return ft.Inject(func(method, path string, body []byte) bool {
 						return kindOf(base, method, path, body) == c.kind
 					}, 1, c.mode)
 				}, nil)
+				if note != "" {
+					t.Logf("%s, %s, %s: %s (fault fired: %v)", c.prim.name, c.mode, c.kind, note, hit)
+				}
 				mu.Lock()
 				ran++
 				if hit {

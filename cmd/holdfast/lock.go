@@ -362,8 +362,16 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
-			if r.try || !answered() {
+			ok := answered()
+			switch {
+			case !ok:
 				s.silent = true // its close is not waited for: --timeout bounds it all
+			case r.try:
+				// The store answers (one request of ours went unanswered):
+				// the close goes out and is waited for, as after a loss.
+				s.unanswered = true
+			}
+			if r.try || !ok {
 				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 			} else {
 				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
@@ -421,16 +429,17 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 // the store (at most a quarter of the bound).
 const lateProbe = 200 * time.Millisecond
 
-// probeLate, for an attempt bounded by actx's deadline (--timeout, not
-// --try), reads name from the store through s lateProbe before that
+// probeLate, for an attempt bounded by actx's deadline (--timeout or
+// --try's), reads name from the store through s lateProbe before that
 // deadline, bounded by lateProbe, while the attempt still waits. The
 // returned function reports whether the store answered: a wait that runs
 // out with the store silent is its failure (125), not a lock held too
-// long (124), whenever the store went silent. Without a bound, it reports
-// true.
+// long (124), whenever the store went silent; and a timed-out attempt's
+// session is closed, waited for, only if the store answered. Without a
+// bound, it reports true.
 func (r runner) probeLate(actx context.Context, s *session, name string) (answered func() bool) {
 	dl, ok := actx.Deadline()
-	if !ok || r.try {
+	if !ok {
 		return func() bool { return true }
 	}
 	window := min(lateProbe, r.bound/4)

@@ -74,11 +74,9 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	var sent time.Time
 	for {
 		// 1. read the record: refused if it holds period or a later one
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		rec, _, err := o.s.client.KV().Get(o.record, (&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
-		cancel()
+		rec, err := o.read(ctx, o.record)
 		if err != nil {
-			return nil, o.fail(ctx, apiError("read claim record "+o.record, err))
+			return nil, o.fail(ctx, err)
 		}
 		if err := claimRecordGuard(o, period, rec); err != nil {
 			return nil, err
@@ -112,7 +110,8 @@ var errRecordMoved = errors.New("holdfast/consul: the claim record moved")
 // mark sets the record to period by a cas on rec's index and acquires the
 // run's mark with session id if no run holds it, in one transaction, and
 // returns the record's new index (the token): errRecordMoved if the record
-// moved since rec, holdfast.ErrClaimed if a run holds the mark.
+// moved since rec, holdfast.ErrClaimed if a run holds the mark. Without an
+// answer, it reads the mark: held by id, the transaction applied.
 func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.KVPair) (uint64, error) {
 	var index uint64
 	if rec != nil {
@@ -133,6 +132,9 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 	case rb != nil && rb.failed(0):
 		return 0, errRecordMoved
 	case err != nil:
+		if e, rerr := o.read(ctx, o.run); rerr == nil && e != nil && e.Session == id {
+			return e.ModifyIndex, nil // the transaction's index, the record's too
+		}
 		return 0, o.fail(ctx, err)
 	}
 	for _, r := range resp.Results {
@@ -212,14 +214,23 @@ func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
 // the mark, which it reads (best effort) to say which.
 func (o *Once) running(ctx context.Context, period time.Time) error {
 	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	e, _, err := o.s.client.KV().Get(o.run, (&api.QueryOptions{}).WithContext(rctx))
+	e, err := o.read(ctx, o.run)
 	if err != nil || e == nil {
 		return fmt.Errorf("%w: %s: a run still holds", holdfast.ErrClaimed, what)
 	}
 	rp, _ := core.ParsePeriod(e.Value)
 	return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), e.ModifyIndex)
+}
+
+// read reads key, consistently, within requestTimeout (nil: absent).
+func (o *Once) read(ctx context.Context, key string) (*api.KVPair, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	e, _, err := o.s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return nil, apiError("read "+key, err)
+	}
+	return e, nil
 }
 
 // fail is the error of a failed claim: the session's end, ctx's, or err.

@@ -68,3 +68,42 @@ func claimSessions(t testing.TB, c *api.Client, name string) []string {
 	}
 	return ids
 }
+
+// TestClaimAnswerLost: a claim transaction that Consul applied but whose
+// answer never came (the connection dropped, or the answer came after the
+// request's bound) still gives its claim: the mark read back names the
+// claim's session, so the claimant runs, rather than every replica finding
+// the period taken and nobody running it.
+func TestClaimAnswerLost(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	c, ft := faultClient(t, a)
+	s := newSession(t, c)
+	name := uniqueName(t)
+	o, err := NewOnce(s, name, holdfast.Schedule{Every: time.Hour, AtMost: 2 * MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ft.Inject(func(method, path string, body []byte) bool {
+		return method == http.MethodPut && path == "/v1/txn" && bytes.Contains(body, []byte(name+"/.run"))
+	}, 1, embedtest.FaultLoseAnswer)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := o.Claim(ctx)
+	select {
+	case <-f.Fired():
+	default:
+		t.Fatal("the fault did not fire")
+	}
+	if err != nil {
+		t.Fatalf("claim whose transaction applied without an answer: %v", err)
+	}
+	e, _, err := a.Client(t).KV().Get(name+"/.run", nil)
+	if err != nil || e == nil || e.Session != cl.id || holdfast.Token(e.ModifyIndex) != cl.Token() {
+		t.Fatalf("run mark %+v (%v), want one held by the claim's session %s at its token %d", e, err, cl.id, cl.Token())
+	}
+	if err := cl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, core.ClaimCleanup, "no claim session left", func() bool { return len(claimSessions(t, a.Client(t), name)) == 0 })
+}

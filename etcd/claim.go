@@ -106,25 +106,39 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 			[]clientv3.Op{clientv3.OpGet(o.record), clientv3.OpGet(o.run)})).
 		Commit()
 	got := time.Now()
+	token, err := o.outcome(ctx, period, lease, resp, err)
+	if err == nil && claimPeriodOver(period, o.sched.Every, got) {
+		err = core.PeriodOver(o.name, period, o.sched.Every)
+	}
 	if err != nil {
 		o.revoke(ctx, lease)
-		return nil, o.fail(ctx, "claim", err)
-	}
-	won := resp.Succeeded
-	if !won {
-		inner := resp.Responses[0].GetResponseTxn()
-		if won = inner.GetSucceeded(); !won {
-			o.revoke(ctx, lease)
-			return nil, o.refused(period, first(inner.GetResponses()[0]), first(inner.GetResponses()[1]))
-		}
-	}
-	if claimPeriodOver(period, o.sched.Every, got) {
-		o.revoke(ctx, lease)
-		return nil, core.PeriodOver(o.name, period, o.sched.Every)
+		return nil, err
 	}
 	c := &Claim{o: o, lease: lease, period: period, made: got}
-	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(resp.Header.Revision), sent, grantedTTL(ttl, lresp.TTL), core.ReleaseFunc(c.release))
+	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, grantedTTL(ttl, lresp.TTL), core.ReleaseFunc(c.release))
 	return c, nil
+}
+
+// outcome is the token of the claim transaction (resp, err), or why it did
+// not claim. Without an answer, it reads the run's mark (within
+// core.ClaimCleanup): carrying lease, the transaction applied, at the
+// mark's create revision.
+func (o *Once) outcome(ctx context.Context, period time.Time, lease clientv3.LeaseID, resp *clientv3.TxnResponse, err error) (int64, error) {
+	if err != nil {
+		rctx, cancel := context.WithTimeout(ctx, core.ClaimCleanup)
+		defer cancel()
+		if g, gerr := o.s.client.Get(rctx, o.run); gerr == nil && len(g.Kvs) == 1 && clientv3.LeaseID(g.Kvs[0].Lease) == lease {
+			return g.Kvs[0].CreateRevision, nil
+		}
+		return 0, o.fail(ctx, "claim", err)
+	}
+	if !resp.Succeeded {
+		inner := resp.Responses[0].GetResponseTxn()
+		if !inner.GetSucceeded() {
+			return 0, o.refused(period, first(inner.GetResponses()[0]), first(inner.GetResponses()[1]))
+		}
+	}
+	return resp.Header.Revision, nil
 }
 
 // refused is the error of a claim of period refused because of the record

@@ -171,3 +171,44 @@ func TestClaimOldFormat(t *testing.T) {
 		t.Errorf("record %v, want the new record without a lease", r.Kvs)
 	}
 }
+
+// TestClaimAnswerLost: a claim transaction that etcd applied but whose
+// answer was lost still gives its claim (the run's mark read back carries
+// the claim's lease), so the claimant runs rather than every replica
+// finding the period taken and nobody running it; the one lease left is
+// the claim's, and Unlock revokes it.
+func TestClaimAnswerLost(t *testing.T) {
+	c := etcdtest.Etcd(t)
+	f := etcdtest.NewFaults()
+	cli := c.Client(t, f.Install)
+	s, err := etcd.NewSession(context.Background(), cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	o, err := etcd.NewOnce(s, "jobs/answerlost", holdfast.Schedule{Every: time.Hour, AtMost: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := f.Inject(etcdtest.Rule{Method: "/etcdserverpb.KV/Txn", Mode: etcdtest.LoseAnswer})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := o.Claim(ctx)
+	if !hit() {
+		t.Fatal("the fault did not hit the claim's transaction")
+	}
+	if err != nil {
+		t.Fatalf("claim whose transaction applied without an answer: %v", err)
+	}
+	admin := c.Client(t)
+	resp, err := admin.Get(ctx, "jobs/answerlost/.run")
+	if err != nil || len(resp.Kvs) != 1 || int64(cl.Token()) != resp.Kvs[0].CreateRevision {
+		t.Fatalf("run mark %v (%v), want one at the claim's token %d", resp, err, cl.Token())
+	}
+	if err := cl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := admin.Get(ctx, "jobs/answerlost/.run"); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("run mark after Unlock: %v %v", resp, err)
+	}
+}

@@ -67,7 +67,8 @@ HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in the
 order of the command line (HOLDFAST_TOKEN_1 is NAME's, HOLDFAST_TOKEN_2 the
 first --and name's...), and HOLDFAST_NAMES, HOLDFAST_KEYS and
 HOLDFAST_TOKENS (comma-separated, in sorted order of the names); a write to
-what one name protects is fenced by that name's token. The native tools'
+what one name protects is fenced by that name's token. A name given twice
+is locked once, and its variables are set at each of its positions. The native tools'
 variables are not set. With -v, holdfast names the name it waits on and
 every name's token.
 

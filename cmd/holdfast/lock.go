@@ -794,7 +794,14 @@ func (r runner) release(s *session, g holdfast.Grant, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	if err := g.Unlock(ctx); err != nil {
-		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			// The library cannot tell our own release, applied with its
+			// answer lost and then retried, from an outsider's removal:
+			// neither can we, so both are said.
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %s was not held any more when its release was answered: our release may have applied with its answer lost (it is retried then), or it was removed or taken over from outside (%s)\n", name, r.what, detail(err, holdfast.ErrNotHeld, name))
+		} else {
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		}
 		s.unanswered = true // the close waits no longer than after a loss
 		return
 	}

@@ -16,13 +16,14 @@ import (
 	"github.com/holdfast/holdfast/embedtest"
 )
 
-// holdAnswer is an HTTP proxy to a Consul agent, latency away, that passes
-// every request on (unless its client went meanwhile) and holds the answer of the nth request for which match is true until
-// the client gives up on it (the request itself reaches the store); every
-// other request is answered as the store answers it.
 // latency is holdAnswer's: a store 100 ms away.
 const latency = 100 * time.Millisecond
 
+// holdAnswer is an HTTP proxy to a Consul agent, latency away, that passes
+// every request on (unless its client went meanwhile) and holds the answer
+// of the nth request for which match is true until the client gives up on
+// it (the request itself reaches the store); every other request is
+// answered as the store answers it.
 type holdAnswer struct {
 	target string
 	match  func(r *http.Request) bool

@@ -67,7 +67,8 @@ HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in the
 order of the command line (HOLDFAST_TOKEN_1 is NAME's, HOLDFAST_TOKEN_2 the
 first --and name's...), and HOLDFAST_NAMES, HOLDFAST_KEYS and
 HOLDFAST_TOKENS (comma-separated, in sorted order of the names); a write to
-what one name protects is fenced by that name's token. The native tools'
+what one name protects is fenced by that name's token. A name given twice
+is locked once, and its variables are set at each of its positions. The native tools'
 variables are not set. With -v, holdfast names the name it waits on and
 every name's token.
 
@@ -362,8 +363,16 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
-			if r.try || !answered() {
+			ok := answered()
+			switch {
+			case !ok:
 				s.silent = true // its close is not waited for: --timeout bounds it all
+			case r.try:
+				// The store answers (one request of ours went unanswered):
+				// the close goes out and is waited for, as after a loss.
+				s.unanswered = true
+			}
+			if r.try || !ok {
 				err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 			} else {
 				err = fmt.Errorf("%w after %v", errTimeout, r.bound)
@@ -421,16 +430,17 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 // the store (at most a quarter of the bound).
 const lateProbe = 200 * time.Millisecond
 
-// probeLate, for an attempt bounded by actx's deadline (--timeout, not
-// --try), reads name from the store through s lateProbe before that
+// probeLate, for an attempt bounded by actx's deadline (--timeout or
+// --try's), reads name from the store through s lateProbe before that
 // deadline, bounded by lateProbe, while the attempt still waits. The
 // returned function reports whether the store answered: a wait that runs
 // out with the store silent is its failure (125), not a lock held too
-// long (124), whenever the store went silent. Without a bound, it reports
-// true.
+// long (124), whenever the store went silent; and a timed-out attempt's
+// session is closed, waited for, only if the store answered. Without a
+// bound, it reports true.
 func (r runner) probeLate(actx context.Context, s *session, name string) (answered func() bool) {
 	dl, ok := actx.Deadline()
-	if !ok || r.try {
+	if !ok {
 		return func() bool { return true }
 	}
 	window := min(lateProbe, r.bound/4)
@@ -784,7 +794,14 @@ func (r runner) release(s *session, g holdfast.Grant, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	if err := g.Unlock(ctx); err != nil {
-		fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		if errors.Is(err, holdfast.ErrNotHeld) {
+			// The library cannot tell our own release, applied with its
+			// answer lost and then retried, from an outsider's removal:
+			// neither can we, so both are said.
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %s was not held any more when its release was answered: our release may have applied with its answer lost (it is retried then), or it was removed or taken over from outside (%s)\n", name, r.what, detail(err, holdfast.ErrNotHeld, name))
+		} else {
+			fmt.Fprintf(r.e.stderr, "holdfast: %s: release: %v\n", name, err)
+		}
 		s.unanswered = true // the close waits no longer than after a loss
 		return
 	}

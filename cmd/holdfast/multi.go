@@ -84,7 +84,8 @@ func (g multiGrant) Token() holdfast.Token { return g.multiGrantOf.Token(g.given
 // key and token, comma-separated, in the order the names are taken:
 // sorted), and one HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and
 // HOLDFAST_TOKEN_<i> per name in the order of the command line (i from 1:
-// NAME, then each --and; a repeated name counts once).
+// NAME, then each --and; a repeated name, locked once, has each of its
+// positions, so that _<i> is always the i-th name given).
 func (g multiGrant) Env() []string {
 	names := g.Names()
 	keys := make([]string, len(names))
@@ -93,7 +94,7 @@ func (g multiGrant) Env() []string {
 		keys[i], tokens[i] = g.multiGrantOf.Key(n), g.multiGrantOf.Token(n).String()
 	}
 	env := []string{"HOLDFAST_NAMES=" + strings.Join(names, ","), "HOLDFAST_KEYS=" + strings.Join(keys, ","), "HOLDFAST_TOKENS=" + strings.Join(tokens, ",")}
-	for i, n := range g.ordered() {
+	for i, n := range g.given {
 		env = append(env, fmt.Sprintf("HOLDFAST_NAME_%d=%s", i+1, n), fmt.Sprintf("HOLDFAST_KEY_%d=%s", i+1, g.multiGrantOf.Key(n)), fmt.Sprintf("HOLDFAST_TOKEN_%d=%s", i+1, g.multiGrantOf.Token(n)))
 	}
 	return env

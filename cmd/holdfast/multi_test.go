@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,8 +69,9 @@ func TestLockMulti(t *testing.T) {
 // on acct/a (taken first, held elsewhere), not on NAME (before: "acct/b:
 // waiting behind 1"); "acquired" names every name's token; CMD gets
 // HOLDFAST_NAME_<i>, HOLDFAST_KEY_<i> and HOLDFAST_TOKEN_<i> per name in
-// command-line order (a repeated name once), and HOLDFAST_TOKEN is still
-// NAME's.
+// command-line order (a repeated name at each of its positions: before,
+// its second one was dropped and the later indexes shifted), and
+// HOLDFAST_TOKEN is still NAME's.
 func TestLockMultiVerbose(t *testing.T) {
 	e := etcdtest.Etcd(t)
 	a := embedtest.Consul(t)
@@ -90,7 +92,7 @@ func lockMultiVerbose(t *testing.T, flags []string) {
 	holder := start(t, append(append([]string{"lock"}, flags...), "acct/a", "--", "sh", "-c", `touch "$0"; while [ ! -e "$1" ]; do sleep 0.05; done`, ready, release)...)
 	eventually(t, 20*time.Second, "the holder of acct/a did not start", func() bool { _, err := os.Stat(ready); return err == nil })
 	p := start(t, append(append([]string{"lock", "-v"}, flags...), "--and", "acct/a", "--and", "acct/b", "acct/b", "--", "sh", "-c",
-		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3"`)...)
+		`echo "$HOLDFAST_TOKEN $HOLDFAST_NAME_1 $HOLDFAST_TOKEN_1 $HOLDFAST_KEY_1 $HOLDFAST_NAME_2 $HOLDFAST_TOKEN_2 $HOLDFAST_KEY_2 $HOLDFAST_NAME_3 $HOLDFAST_TOKEN_3 $HOLDFAST_KEY_3 $HOLDFAST_NAME_4"`)...)
 	eventually(t, 20*time.Second, "lock -v did not say where it waits", func() bool { return strings.Contains(p.stderr.String(), "waiting behind") })
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -106,8 +108,9 @@ func lockMultiVerbose(t *testing.T, flags []string) {
 		t.Errorf("stderr %q: want it to wait on acct/a, behind 1", msg)
 	}
 	f := strings.Fields(p.stdout.String())
-	if len(f) != 7 || f[1] != "acct/b" || f[4] != "acct/a" || f[0] != f[2] || !strings.HasPrefix(f[3], "acct/b/") || !strings.HasPrefix(f[6], "acct/a/") {
-		t.Fatalf("CMD saw %q: want NAME's token, then acct/b's name, token and key (_1), acct/a's (_2), and no _3", f)
+	if len(f) != 10 || f[1] != "acct/b" || f[4] != "acct/a" || f[0] != f[2] || !strings.HasPrefix(f[3], "acct/b/") || !strings.HasPrefix(f[6], "acct/a/") ||
+		!slices.Equal(f[7:10], f[1:4]) {
+		t.Fatalf("CMD saw %q: want NAME's token, then acct/b's name, token and key (_1), acct/a's (_2), acct/b's again (_3: the name given twice, at its second position), and no _4", f)
 	}
 	if want := regexp.MustCompile(`holdfast: acct/b: acquired the lock, tokens acct/b ` + f[2] + `, acct/a ` + f[5] + `, after \S+\n`); !want.MatchString(msg) {
 		t.Errorf("stderr %q lacks a line matching %s", msg, want)

@@ -24,7 +24,8 @@ the Unix epoch, by this machine's wall clock) and runs CMD if this is the
 first claim; if the period is already claimed, a later one was, or an
 earlier period's run still holds, it exits --claimed-exit (default 0)
 without running CMD. Run it from cron (or a systemd timer) on every replica
-at each tick: one replica runs CMD per period.
+at each tick: one replica runs CMD per period. --every is at least 1s: the
+claim must be answered before its period ends.
 
 The store records the last period claimed under NAME (the key NAME/.claim,
 about 30 bytes, which stays: the one key left behind), so a period runs once
@@ -72,6 +73,11 @@ Exit status:
 	flags: onceFlags,
 }
 
+// minEvery is the shortest --every: the claim, a store's round trips from
+// connecting on, must fit in what is left of the period, and under a
+// second the store's answer would often come after the period's end.
+const minEvery = time.Second
+
 // The range of --at-most: a store's shortest claim (etcd's shortest lease;
 // twice Consul's shortest session TTL) and Consul's longest (twice its
 // longest session TTL). The default, --every, is brought into it.
@@ -84,7 +90,7 @@ const (
 func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	sf := addStoreFlags(fs)
 	vis := addVisibilityFlags(fs)
-	every := fs.Duration("every", 0, "the length of a period (required)")
+	every := fs.Duration("every", 0, "the length of a period (required, at least 1s)")
 	atLeast := fs.Duration("at-least", 0, "keep the run marked this long after the claim even if CMD ends sooner, so that an early clock cannot start the next period's run sooner (0: not needed for once per period)")
 	atMost := fs.Duration("at-most", 0, "how long a run stays marked if holdfast dies (default --every, at least 2s on etcd, 20s on Consul, at most 48h on Consul)")
 	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included, exiting 125 (0: at the end of the period)")
@@ -117,6 +123,8 @@ func onceFlags(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		switch {
 		case *every <= 0:
 			return usagef("--every is required and must be positive")
+		case *every < minEvery:
+			return usagef("--every %v is shorter than %v, the shortest period accepted: the claim, connecting included, must be answered before its period ends (holdfast gives up then), which a shorter period leaves no time for", *every, minEvery)
 		case *atLeast < 0:
 			return usagef("--at-least %v is negative", *atLeast)
 		case *atLeast >= *every && *every > 0:

@@ -36,6 +36,12 @@ func TestOnceUsage(t *testing.T) {
 		{[]string{"once", "--every", "1m", "--log", "xml", "jobs", "--", "true"}, "--log"},
 		{[]string{"once", "--every", "1m", "--claimed-exit", "300", "jobs", "--", "true"}, "0 to 255"},
 		{[]string{"once", "--every", "1m", "/jobs", "--", "true"}, "invalid name"},
+		// A period too short for any claim: refused before any request
+		// (the addresses refuse connections), on both stores.
+		{[]string{"once", "--every", "1ms", "--endpoints", "127.0.0.1:1", "jobs", "--", "true"}, "--every 1ms is shorter than 1s, the shortest period accepted"},
+		{[]string{"once", "--every", "1ns", "--endpoints", "127.0.0.1:1", "jobs", "--", "true"}, "--every 1ns is shorter than 1s"},
+		{[]string{"once", "--every", "999ms", "--backend", "consul", "--addr", "127.0.0.1:1", "jobs", "--", "true"}, "--every 999ms is shorter than 1s"},
+		{[]string{"once", "--every", "1ns", "--backend", "consul", "--addr", "127.0.0.1:1", "jobs", "--", "true"}, "--every 1ns is shorter than 1s"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), &env{stdout: &stdout, stderr: &stderr}, tc.args)

@@ -96,8 +96,9 @@ type session struct {
 	backend string
 	etcd    *hfetcd.Session
 	consul  *hfconsul.Session
-	// unanswered: a release was not answered in time (the store is
-	// silent), so the close is bounded as after a loss (closeSession).
+	// unanswered: a release, or a timed-out --try attempt with the store
+	// answering otherwise, was not answered in time, so the close is
+	// bounded as after a loss (closeSession).
 	// silent: the store did not answer within --timeout: the close is not
 	// waited for at all (the store expires the session).
 	silent     bool

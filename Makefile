@@ -110,10 +110,10 @@ conformance-full:
 # The request-fault tables: every kind of request each algorithm sends x
 # the three fault modes (refused, answer lost, late) x the primitives, each
 # case a short scenario checking exclusion, liveness and leftovers; `make
-# test` runs a subset of each. etcd (tests/etcd/faulttable_test.go): 98
-# cases, about 90 s on 2 cores. Consul (consul/faults_test.go): the Mutex,
-# RWMutex, Semaphore, Election and MultiMutex (`make test` runs the Mutex's
-# only), about 1 minute.
+# test` runs a subset of each. etcd (tests/etcd/faulttable_test.go): 107
+# cases with the claim's, about 95 s on 2 cores. Consul (consul/faults_test.go):
+# the Mutex, RWMutex, Semaphore, Election, MultiMutex and the claim (`make
+# test` runs the Mutex's only), 279 cases, about 1 minute.
 faults: consul
 	$(GO) test -count=1 -tags $(TESTTAGS) -run '^TestEtcdFaultTable$$' ./tests/etcd/ -args -faults.full
 	HOLDFAST_FAULTS=all $(GO) test -count=1 -run '^TestRequestFaults$$' -v ./consul/

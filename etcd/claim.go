@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
@@ -86,11 +90,11 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	cli := o.s.client
 	ttl := (o.sched.AtMost + time.Second - 1) / time.Second * time.Second
 	sent := time.Now()
-	lresp, err := cli.Grant(ctx, int64(ttl/time.Second))
+	lease, granted, err := o.grant(ctx, ttl)
 	if err != nil {
+		o.revoke(ctx, lease) // it may have been granted without an answer
 		return nil, o.fail(ctx, "grant the claim's lease", err)
 	}
-	lease := lresp.ID
 	p := core.FormatPeriod(period)
 	write := []clientv3.Op{clientv3.OpPut(o.record, p), clientv3.OpPut(o.run, p, clientv3.WithLease(lease))}
 	noRun := clientv3.Compare(clientv3.CreateRevision(o.run), "=", 0)
@@ -115,8 +119,24 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 		return nil, err
 	}
 	c := &Claim{o: o, lease: lease, period: period, made: got}
-	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, grantedTTL(ttl, lresp.TTL), core.ReleaseFunc(c.release))
+	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, granted, core.ReleaseFunc(c.release))
 	return c, nil
+}
+
+// grant grants the claim's lease of ttl, with an ID of our own, so that one
+// granted without an answer can be revoked; a retry that finds the ID
+// exists had it granted (a random 63-bit ID is no other lease's). It
+// returns the ID and the TTL granted.
+func (o *Once) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
+	id := clientv3.LeaseID(rand.Int64N(math.MaxInt64) + 1)
+	resp, err := clientv3.RetryLeaseClient(o.s.client).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: int64(ttl / time.Second)})
+	switch err := rpctypes.Error(err); {
+	case errors.Is(err, rpctypes.ErrLeaseExist):
+		return id, ttl, nil
+	case err != nil:
+		return id, 0, err
+	}
+	return id, grantedTTL(ttl, resp.TTL), nil
 }
 
 // outcome is the token of the claim transaction (resp, err), or why it did

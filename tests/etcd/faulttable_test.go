@@ -655,18 +655,6 @@ var ftKinds = map[string]map[string]string{
 		kRevoke: "revoke the claim's lease (Unlock, or an unused one), close the sessions"},
 }
 
-// ftLeftOut are the cases that fail on a library bug not yet fixed, left
-// out of the table (CI stays green) but for -faults.case naming them (the
-// reproduction), each with the finding.
-var ftLeftOut = map[string]string{
-	// A claim lease whose grant was applied but whose answer was lost is
-	// not revoked: ClaimPeriod fails without knowing its ID, and the lease
-	// lives until its TTL (AtMost, up to an hour in the README's example),
-	// against docs/DESIGN.md claims step 3 (Consul's claim finds such a
-	// session by its name: TestClaimSessionLeftover).
-	"claim, grant the claim's lease, answer-lost": "a claim lease whose grant's answer was lost is left until its TTL (finding; see ftLeftOut)",
-}
-
 // ftHold is how long the first holders hold.
 const ftHold = 600 * time.Millisecond
 
@@ -733,10 +721,6 @@ func TestEtcdFaultTable(t *testing.T) {
 				}
 				id := fmt.Sprintf("%s, %s, %v", p.name, table[k], mode)
 				if !strings.Contains(id, *faultsCase) {
-					continue
-				}
-				if why, ok := ftLeftOut[id]; ok && *faultsCase == "" {
-					t.Logf("case %s: left out: %s", id, why)
 					continue
 				}
 				name := fmt.Sprintf("ft/%s/%d/%v", p.name, ki, mode)

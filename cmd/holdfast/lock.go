@@ -318,7 +318,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 		}
 		var g holdfast.Grant
 		began := time.Now()
-		answered := r.probeLate(actx, s, name)
+		answered, stopProbe := r.probeLate(actx, s, name)
 		var paused atomic.Bool
 		got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 			if underJobControl() && !mutant.On("cmd/tstp-withdraw") {
@@ -360,6 +360,7 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			continue
 		}
 		if err == nil {
+			stopProbe() // not while CMD runs
 			r.verbosef("%s: acquired %s, %s, after %v", name, r.what, tokens(g), time.Since(began).Round(time.Millisecond))
 		}
 		if err != nil && got == nil && timedOut() {
@@ -437,11 +438,12 @@ const lateProbe = 200 * time.Millisecond
 // out with the store silent is its failure (125), not a lock held too
 // long (124), whenever the store went silent; and a timed-out attempt's
 // session is closed, waited for, only if the store answered. Without a
-// bound, it reports true.
-func (r runner) probeLate(actx context.Context, s *session, name string) (answered func() bool) {
+// bound, it reports true. stop cancels a probe not yet due (the attempt
+// succeeded).
+func (r runner) probeLate(actx context.Context, s *session, name string) (answered func() bool, stop func()) {
 	dl, ok := actx.Deadline()
 	if !ok {
-		return func() bool { return true }
+		return func() bool { return true }, func() {}
 	}
 	window := min(lateProbe, r.bound/4)
 	res := make(chan bool, 1)
@@ -462,7 +464,7 @@ func (r runner) probeLate(actx context.Context, s *session, name string) (answer
 			}
 		}
 		return true // the attempt ended before the probe was due
-	}
+	}, func() { t.Stop() }
 }
 
 // waitFor runs fn under a context that a stop signal (see stopSignals)

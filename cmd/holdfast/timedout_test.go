@@ -152,3 +152,24 @@ func TestTimedOutCloseConsul(t *testing.T) {
 		})
 	}
 }
+
+// TestNoProbeWhileCommandRuns: the late probe of a bounded attempt (a read
+// of the bare name, lateProbe before the bound) is for an attempt that
+// still waits: once the lock is granted it is called off, so a CMD that
+// runs past the attempt's bound sees no stray read of holdfast's. Before,
+// the probe's timer stayed armed and its read went out while CMD ran.
+func TestNoProbeWhileCommandRuns(t *testing.T) {
+	holdfastBin(t)
+	a := embedtest.Consul(t)
+	probe := func(r *http.Request) bool { return r.Method == http.MethodGet && r.URL.Path == "/v1/kv/tc/noprobe" }
+	addr, h := startHoldAnswer(t, a.HTTPAddr, 0, probe) // counts, holds nothing
+	p := start(t, "lock", "--backend", "consul", "--addr", addr, "--timeout", "1s", "--ttl", "10s", "tc/noprobe", "--", "sleep", "1.5")
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d; stderr: %s", code, p.stderr.String())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.seen != 0 {
+		t.Errorf("%d probe reads of the name while CMD ran (the lock was granted well within --timeout)", h.seen)
+	}
+}

@@ -197,6 +197,27 @@ type ftResult struct {
 	note     string // what the case reports besides its problems (a claim's runs and skips)
 }
 
+// ftSession opens a session of TTL ftTTL on a client of its own whose
+// requests f faults (quit too, for the contender that gives up); its
+// close function closes the session, then the client.
+func ftSession(t *testing.T, c *etcdtest.Cluster, f, quit *etcdtest.Faults, quitter bool) (*etcd.Session, func()) {
+	t.Helper()
+	install := f.Install
+	if quitter {
+		install = func(cfg *clientv3.Config) { f.Install(cfg); quit.Install(cfg) }
+	}
+	cli, err := c.NewClient(install)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := etcd.NewSession(context.Background(), cli, etcd.WithTTL(ftTTL))
+	if err != nil {
+		cli.Close()
+		t.Fatal(err)
+	}
+	return s, func() { _ = s.Close(); cli.Close() }
+}
+
 func ftScenario(t *testing.T, c *etcdtest.Cluster, admin *clientv3.Client, f, quit *etcdtest.Faults, arm func(), p ftPrim, name string, slack, hold time.Duration) ftResult {
 	t.Helper()
 	var res ftResult
@@ -213,19 +234,9 @@ func ftScenario(t *testing.T, c *etcdtest.Cluster, admin *clientv3.Client, f, qu
 	var try func(context.Context) (ftGrant, error)
 	readers := make([]bool, n+1)
 	for i := range n + 1 {
-		install := f.Install
-		if i == p.limit+1 { // the contender that gives up
-			install = func(cfg *clientv3.Config) { f.Install(cfg); quit.Install(cfg) }
-		}
-		cli, err := c.NewClient(install)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cli.Close()
-		if sessions[i], err = etcd.NewSession(context.Background(), cli, etcd.WithTTL(ftTTL)); err != nil {
-			t.Fatal(err)
-		}
-		defer sessions[i].Close()
+		var closeSession func()
+		sessions[i], closeSession = ftSession(t, c, f, quit, i == p.limit+1) // the contender that gives up
+		defer closeSession()
 		var tr func(context.Context) (ftGrant, error)
 		locks[i], tr, readers[i] = p.lock(t, sessions[i], name, i)
 		if i == n {
@@ -416,20 +427,8 @@ func ftClaimScenario(t *testing.T, c *etcdtest.Cluster, admin *clientv3.Client, 
 	var sessions []*etcd.Session
 	var onces []*etcd.Once
 	for i := range 3 {
-		install := f.Install
-		if i == 0 { // the claimant that gives up
-			install = func(cfg *clientv3.Config) { f.Install(cfg); quit.Install(cfg) }
-		}
-		cli, err := c.NewClient(install)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cli.Close()
-		s, err := etcd.NewSession(context.Background(), cli, etcd.WithTTL(ftTTL))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s, closeSession := ftSession(t, c, f, quit, i == 0) // the claimant that gives up
+		defer closeSession()
 		o, err := etcd.NewOnce(s, name, ftClaimSched)
 		if err != nil {
 			t.Fatal(err)

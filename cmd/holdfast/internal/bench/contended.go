@@ -284,7 +284,11 @@ func (r *runner) window(ctx context.Context, g *group, set setting, warmup, wind
 				t0 := time.Now()
 				h, err := c.Lock(runCtx)
 				if err != nil {
-					if runCtx.Err() != nil {
+					// An error at or after the window's end is the end: the
+					// server's copy of the deadline (etcd answers "request
+					// timed out") can arrive before this goroutine's timer
+					// has cancelled runCtx.
+					if runCtx.Err() != nil || !time.Now().Before(winEnd) {
 						return
 					}
 					fail(fmt.Errorf("lock: %w", err))

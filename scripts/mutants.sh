@@ -67,6 +67,7 @@ cmd/release-group|./cmd/holdfast/|TestReleaseStopsLeftovers
 cmd/terminal|./cmd/holdfast/|TestTerminal/Read
 cmd/shard-kill-grace|./cmd/holdfast/|TestShardKillGrace
 cmd/guard-first-deadline|./cmd/holdfast/|TestGuardFirstDeadlineUnfed
+cmd/shim-gate|./cmd/holdfast/|TestShimGate
 cmd/signal-escalation|./cmd/holdfast/|TestSignalStopsStoppedCommand
 cmd/guard-gone|./cmd/holdfast/|TestGuardGone
 cmd/tstp-withdraw|./cmd/holdfast/|TestStopWhileWaiting$

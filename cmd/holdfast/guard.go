@@ -35,7 +35,8 @@ import (
 //     processes: the deadline the grant's context ends at, computed from
 //     when the last acknowledged renewal was sent); it is started before
 //     CMD with the deadline of that moment, so it has one whatever
-//     happens to holdfast next. The guard acts on the
+//     happens to holdfast next, and CMD runs only once the guard knows
+//     its process group (shim.go). The guard acts on the
 //     deadline alone, so the same rule holds whether holdfast is alive
 //     with the store silent (the deadline it feeds stops moving) or
 //     cannot run (the feed stops): it sends CMD's process group SIGTERM
@@ -252,26 +253,54 @@ func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, w
 	}
 	cmd.SysProcAttr.Setpgid = true
 	setParentDeathSignal(cmd.SysProcAttr)
+	if cmd.Err != nil { // not found: nothing to start
+		return nil, nil, cmd.Err
+	}
+	var shim *shimStart
 	err = jobCtl.start(m, func() (int, *guard, error) {
 		// The guard first, with the deadline as CMD starts: it knows one
 		// before CMD runs, whether or not holdfast runs again to feed it.
 		deadline := monoNow() + int64(time.Until(m.g.Deadline()))
 		g, warning = newGuard(grace, deadline)
-		// CMD's group goes to the guard on the thread that started CMD, at
-		// once: a holdfast killed later leaves the guard knowing it (its
-		// background children outlive CMD's Pdeathsig otherwise).
+		if g != nil { // CMD starts as a shim, let go once the guard knows its group (shim.go)
+			var shimEnds []*os.File
+			if shim, shimEnds, err = asShim(cmd); err != nil {
+				g.standDown()
+				return 0, nil, err
+			}
+			defer closeAll(shimEnds)
+		}
 		onStarterThread(func() {
 			if err = cmd.Start(); err == nil {
 				g.send(msgGroup, int64(cmd.Process.Pid))
 			}
 		})
 		if err != nil {
+			if shim != nil {
+				shim.abandon()
+			}
 			g.standDown()
 			return 0, nil, err
 		}
 		return cmd.Process.Pid, g, nil
 	})
-	return g, warning, err
+	if err != nil || shim == nil {
+		return g, warning, err
+	}
+	// Outside jobCtl's lock: a shim stopped by the terminal before its
+	// exec is a stopped CMD to jobCtl (jobs.go).
+	if err = shim.letGo(); err != nil {
+		_ = cmd.Wait()
+		g.standDown()
+		return nil, nil, err
+	}
+	return g, warning, nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
 }
 
 func newGuard(grace time.Duration, deadline int64) (*guard, error) {

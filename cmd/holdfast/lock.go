@@ -599,6 +599,14 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 		p.ttl = time.Until(g.Deadline())
 	}
 	guard, warning, err := startGuarded(cmd, termGrace(p.grace, p.ttl), member)
+	if tty >= 0 && cmd.Process != nil { // started, even if its exec failed
+		pgid := cmd.Process.Pid
+		defer func() {
+			if terminalGroup(tty) == pgid { // the terminal back to holdfast's group
+				setTerminalGroup(tty, syscall.Getpgrp())
+			}
+		}()
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -606,13 +614,6 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 		fmt.Fprintf(p.stderr, "holdfast: %s: %v\n", p.name, warning)
 	}
 	pgid := cmd.Process.Pid
-	if tty >= 0 {
-		defer func() {
-			if terminalGroup(tty) == pgid { // the terminal back to holdfast's group
-				setTerminalGroup(tty, syscall.Getpgrp())
-			}
-		}()
-	}
 	fed := make(chan struct{})
 	stopFeed := make(chan struct{})
 	go func() {

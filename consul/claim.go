@@ -153,8 +153,7 @@ func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	name := "holdfast claim " + o.name + " " + rand.Text()
 	body := map[string]any{"Name": name, "TTL": ttl.String(), "LockDelay": "0ms", "Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{}}
 	id, _, err := createSession(ctx, o.s.client, body)
-	if c := statusCode(err); err != nil && (c == 0 || c >= 500 && !refused(err)) {
-		// No answer, or the agent's error while the servers may have applied it.
+	if answerLost(err) {
 		core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
 	}
 	if err != nil {
@@ -169,19 +168,19 @@ var errNoLeftover = errors.New("holdfast/consul: no claim session of that name y
 
 // destroyNamed destroys the sessions called name: errNoLeftover if none.
 func (o *Once) destroyNamed(ctx context.Context, name string) error {
-	all, _, err := o.s.client.Session().List((&api.QueryOptions{}).WithContext(ctx))
+	ids, err := sessionsNamed(ctx, o.s.client, name)
 	if err != nil {
-		return apiError("list sessions", err)
+		return err
 	}
-	found := errNoLeftover
-	for _, e := range all {
-		if e.Name == name {
-			if found = o.destroy(ctx, e.ID); found != nil {
-				return found
-			}
+	if len(ids) == 0 {
+		return errNoLeftover
+	}
+	for _, id := range ids {
+		if err := o.destroy(ctx, id); err != nil {
+			return err
 		}
 	}
-	return found
+	return nil
 }
 
 // destroy destroys the claim session id: nil if it is gone.

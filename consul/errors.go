@@ -42,6 +42,14 @@ func refused(err error) bool {
 		se.Code >= 500 && (strings.Contains(se.Body, "No cluster leader") || strings.Contains(se.Body, "Missing node registration")))
 }
 
+// answerLost reports whether a write may have applied without its answer
+// reaching us: no answer, or the agent's error while the servers may have
+// applied it.
+func answerLost(err error) bool {
+	c := statusCode(err)
+	return err != nil && (c == 0 || c >= 500 && !refused(err))
+}
+
 // txnError is the error of a rolled-back transaction: wrapping
 // holdfast.ErrPermissionDenied if an ACL refused an operation.
 func txnError(op string, r *rollback) error {

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,8 +34,11 @@ import (
 //   - exclusion: never more holders than the primitive admits;
 //   - liveness: B and C (never faulted) never wait more than liveBound in
 //     all while nobody holds;
-//   - nothing left behind: no key under the names, and none of the three
-//     sessions, once they are closed.
+//   - nothing left behind: no key under the names, and no session of the
+//     case (all are named "ft <names> ..."; a lost answer to a creation
+//     is recovered by that name) once they are closed, but A's first
+//     when its creation came late, after NewSession gave up: it expires
+//     with its TTL.
 //
 // The kinds come from a run without faults (what A sent, as a signature:
 // method, path and, for a transaction, its verbs on keys with the name and
@@ -193,7 +198,7 @@ func (p faultPrim) scenario(t *testing.T, a *embedtest.ConsulAgent, base string,
 	if p.run != nil {
 		return p.run(t, a, base, mode, inject, observe)
 	}
-	errs, fired = faultRun(t, a, p, base, inject, observe)
+	errs, fired = faultRun(t, a, p, base, mode, inject, observe)
 	return errs, fired, ""
 }
 
@@ -550,9 +555,9 @@ func (tr *tracker) fail(format string, args ...any) {
 }
 
 // faultRun runs the table's scenario for p under base, with A's client
-// going through ft; inject, if set, arms the fault once A's session
-// exists. It returns what went wrong (nil: nothing).
-func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, inject func(*embedtest.FaultTransport) *embedtest.Fault, observe func(method, path string, body []byte)) (errs []string, fired bool) {
+// going through ft; inject, if set, arms the fault (of mode) before A's
+// session is created. It returns what went wrong (nil: nothing).
+func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, mode embedtest.FaultMode, inject func(*embedtest.FaultTransport) *embedtest.Fault, observe func(method, path string, body []byte)) (errs []string, fired bool) {
 	ft := &embedtest.FaultTransport{Observe: observe}
 	defer ft.Close()
 	ac, err := a.NewClient(func(cfg *api.Config) { cfg.HttpClient = &http.Client{Transport: ft} })
@@ -568,6 +573,8 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 		p.setup(t, a.Client(t), base)
 	}
 	var sessions []*Session
+	sname := "ft " + base // every session of the case is named sname, a space and more
+	createFailed := false // A's first creation, faulted late, failed: it lands later
 	for i := range 3 {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -575,11 +582,14 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 		if i > 0 {
 			c = a.Client(t)
 		}
-		s, err := NewSession(sctx, c, WithTTL(MinTTL), WithLockDelay(0))
-		if err != nil && i == 0 && f != nil && isClosed(f.Fired()) {
-			// The creation was faulted: an error is its right answer (a
-			// session whose answer was lost expires with its TTL).
-			s, err = NewSession(context.Background(), c, WithTTL(MinTTL), WithLockDelay(0))
+		s, err := NewSession(sctx, c, WithTTL(MinTTL), WithLockDelay(0), WithSessionName(sname))
+		if err != nil && i == 0 && f != nil && isClosed(f.Fired()) && mode != embedtest.FaultLoseAnswer {
+			// The creation was refused, or reached Consul after
+			// NewSession gave up (late: that session expires with its
+			// TTL): an error is its right answer. A lost answer is
+			// recovered, by the session's name.
+			createFailed = mode == embedtest.FaultLate
+			s, err = NewSession(context.Background(), c, WithTTL(MinTTL), WithLockDelay(0), WithSessionName(sname))
 		}
 		if err != nil {
 			if i == 0 {
@@ -694,9 +704,14 @@ func faultRun(t *testing.T, a *embedtest.ConsulAgent, p faultPrim, base string, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	for _, s := range sessions {
-		if e, _, err := admin.Session().Info(s.ID(), nil); err != nil || e != nil {
-			tr.fail("left behind: session %s (%v)", s.ID(), err)
+	all, _, err := admin.Session().List(nil)
+	if err != nil {
+		tr.fail("list sessions: %v", err)
+	}
+	for _, e := range all {
+		late := createFailed && bytes.Contains(f.Body, []byte(strconv.Quote(e.Name)))
+		if strings.HasPrefix(e.Name, sname+" ") && !late {
+			tr.fail("left behind: session %s (%s)", e.ID, e.Name)
 		}
 	}
 	if len(tr.errs) > 0 && os.Getenv("HOLDFAST_FAULTS_CASE") != "" {

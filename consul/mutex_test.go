@@ -464,11 +464,12 @@ func TestSessionOptionsOnTheWire(t *testing.T) {
 		ttl    string
 		behav  string
 		checks []string
+		name   string
 	}{
-		{nil, 15 * time.Second, "15s", "delete", nil},
-		{[]SessionOption{WithLockDelay(0), WithTTL(10 * time.Second)}, 0, "10s", "delete", nil},
-		{[]SessionOption{WithLockDelay(1500 * time.Millisecond), WithBehavior(api.SessionBehaviorRelease)}, 1500 * time.Millisecond, "15s", "release", nil},
-		{[]SessionOption{WithNodeChecks("serfHealth"), WithSessionName("named")}, 15 * time.Second, "15s", "delete", []string{"serfHealth"}},
+		{nil, 15 * time.Second, "15s", "delete", nil, "holdfast"},
+		{[]SessionOption{WithLockDelay(0), WithTTL(10 * time.Second)}, 0, "10s", "delete", nil, "holdfast"},
+		{[]SessionOption{WithLockDelay(1500 * time.Millisecond), WithBehavior(api.SessionBehaviorRelease)}, 1500 * time.Millisecond, "15s", "release", nil, "holdfast"},
+		{[]SessionOption{WithNodeChecks("serfHealth"), WithSessionName("named")}, 15 * time.Second, "15s", "delete", []string{"serfHealth"}, "named"},
 	}
 	for i, tc := range cases {
 		s := newSession(t, c, tc.opts...)
@@ -479,6 +480,9 @@ func TestSessionOptionsOnTheWire(t *testing.T) {
 		if info.LockDelay != tc.delay || info.TTL != tc.ttl || info.Behavior != tc.behav || !slices.Equal(info.NodeChecks, tc.checks) && len(info.NodeChecks)+len(tc.checks) != 0 || len(info.Checks) != 0 {
 			t.Errorf("case %d: Consul has lock-delay %v, TTL %s, behavior %s, node checks %q, checks %q; want %v, %s, %s, %q, none",
 				i, info.LockDelay, info.TTL, info.Behavior, info.NodeChecks, info.Checks, tc.delay, tc.ttl, tc.behav, tc.checks)
+		}
+		if suffix, ok := strings.CutPrefix(info.Name, tc.name+" "); !ok || len(suffix) != 26 {
+			t.Errorf("case %d: session name %q, want %q, a space and 26 random characters", i, info.Name, tc.name)
 		}
 	}
 }
@@ -509,7 +513,7 @@ func TestManyLocksOneSession(t *testing.T) {
 	}
 	count := 0
 	for _, e := range ss {
-		if e.Name == sname {
+		if strings.HasPrefix(e.Name, sname+" ") {
 			count++
 		}
 	}

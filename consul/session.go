@@ -3,6 +3,7 @@ package consul
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,7 +88,9 @@ func WithNodeChecks(ids ...string) SessionOption {
 	return func(c *sessionConfig) { c.nodeChecks = ids }
 }
 
-// WithSessionName sets the session's name in Consul (default "holdfast").
+// WithSessionName sets the session's name in Consul: n, a space and a
+// random suffix, by which a creation whose answer was lost is found
+// (default n "holdfast").
 func WithSessionName(n string) SessionOption { return func(c *sessionConfig) { c.name = n } }
 
 // WithObserver adds an observer of the session's events (package metrics
@@ -207,8 +210,14 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 func openSession(ctx context.Context, client *api.Client, owned *http.Transport, cfg sessionConfig) (*Session, error) {
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	lockDelay := fmt.Sprintf("%dms", (cfg.lockDelay + time.Millisecond - 1).Milliseconds())
-	body := map[string]any{"Name": cfg.name, "TTL": cfg.ttl.String(), "LockDelay": lockDelay, "Behavior": cfg.behavior, "NodeChecks": cfg.nodeChecks}
+	name := cfg.name + " " + rand.Text()
+	body := map[string]any{"Name": name, "TTL": cfg.ttl.String(), "LockDelay": lockDelay, "Behavior": cfg.behavior, "NodeChecks": cfg.nodeChecks}
 	id, sent, err := createSession(ctx, client, body)
+	if answerLost(err) { // it may have applied: the session of that name is ours
+		if ids, lerr := sessionsNamed(ctx, client, name); lerr == nil && len(ids) == 1 {
+			id, err = ids[0], nil
+		}
+	}
 	if err != nil {
 		return nil, apiError("create session", err)
 	}
@@ -248,6 +257,24 @@ func createSession(ctx context.Context, client *api.Client, body map[string]any)
 		err = errors.New("empty session ID in the answer")
 	}
 	return out.ID, sent, err
+}
+
+// sessionsNamed lists the IDs of the sessions called name, within
+// requestTimeout.
+func sessionsNamed(ctx context.Context, client *api.Client, name string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	all, _, err := client.Session().List((&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, apiError("list sessions", err)
+	}
+	var ids []string
+	for _, e := range all {
+		if e.Name == name {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids, nil
 }
 
 func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }

@@ -1,9 +1,11 @@
 package consul
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"runtime"
 	"slices"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/embedtest"
 	"github.com/holdfast/holdfast/embedtest/leakcheck"
 )
 
@@ -290,5 +293,56 @@ func TestLostHolderLeavesNothing(t *testing.T) {
 	}
 	if ks := keys(t, admin, name); len(ks) != 0 {
 		t.Errorf("keys left after the lost holder's Close: %q", ks)
+	}
+}
+
+// TestSessionCreateAnswerLost: a session whose creation Consul applied but
+// whose answer was lost is found by its unique name and taken: NewSession
+// succeeds with it, no second session of that name is made, and none is
+// left after Close.
+func TestSessionCreateAnswerLost(t *testing.T) {
+	t.Parallel()
+	a := agent(t)
+	admin := a.Client(t)
+	c, ft := faultClient(t, a)
+	name := uniqueName(t)
+	f := ft.Inject(func(method, path string, body []byte) bool {
+		return method == http.MethodPut && path == "/v1/session/create" && bytes.Contains(body, []byte(name))
+	}, 1, embedtest.FaultLoseAnswer)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewSession(ctx, c, WithSessionName(name))
+	select {
+	case <-f.Fired():
+	default:
+		t.Fatal("the fault did not fire")
+	}
+	if err != nil {
+		t.Fatalf("NewSession with the creation's answer lost: %v", err)
+	}
+	named := func() []string {
+		all, _, err := admin.Session().List(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, e := range all {
+			if strings.HasPrefix(e.Name, name+" ") {
+				ids = append(ids, e.ID)
+			}
+		}
+		return ids
+	}
+	if ids := named(); len(ids) != 1 || ids[0] != s.ID() {
+		t.Errorf("sessions named %s: %v, want the session's %s alone", name, ids, s.ID())
+	}
+	if _, err := newMutex(t, s, name+"/lock").Lock(ctx); err != nil {
+		t.Errorf("Lock on the session: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := named(); len(ids) != 0 {
+		t.Errorf("sessions named %s after Close: %v", name, ids)
 	}
 }

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast"
@@ -90,7 +86,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	cli := o.s.client
 	ttl := (o.sched.AtMost + time.Second - 1) / time.Second * time.Second
 	sent := time.Now()
-	lease, granted, err := o.grant(ctx, ttl)
+	lease, granted, err := grantLease(ctx, o.s.client, ttl)
 	if err != nil {
 		o.revoke(ctx, lease) // it may have been granted without an answer
 		return nil, o.fail(ctx, "grant the claim's lease", err)
@@ -121,22 +117,6 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (*Claim, error
 	c := &Claim{o: o, lease: lease, period: period, made: got}
 	c.base = core.ClaimGrant(o.s.keeper, o.s.bg, o.run, holdfast.Token(token), sent, granted, core.ReleaseFunc(c.release))
 	return c, nil
-}
-
-// grant grants the claim's lease of ttl, with an ID of our own, so that one
-// granted without an answer can be revoked; a retry that finds the ID
-// exists had it granted (a random 63-bit ID is no other lease's). It
-// returns the ID and the TTL granted.
-func (o *Once) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
-	id := clientv3.LeaseID(rand.Int64N(math.MaxInt64) + 1)
-	resp, err := clientv3.RetryLeaseClient(o.s.client).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: int64(ttl / time.Second)})
-	switch err := rpctypes.Error(err); {
-	case errors.Is(err, rpctypes.ErrLeaseExist):
-		return id, ttl, nil
-	case err != nil:
-		return id, 0, err
-	}
-	return id, grantedTTL(ttl, resp.TTL), nil
 }
 
 // outcome is the token of the claim transaction (resp, err), or why it did

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -221,7 +224,7 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 	}
 	diagnose := cfg.dial.diagnoseAhead(ctx, client.Endpoints())
 	sent := time.Now()
-	resp, err := client.Grant(ctx, int64(cfg.ttl/time.Second))
+	lease, ttl, err := grantLease(ctx, client, cfg.ttl)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("holdfast/etcd: grant lease: %w%s", ctx.Err(), diagnose(ctx.Err()))
@@ -233,9 +236,9 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	s := &Session{
 		client:    client,
-		lease:     resp.ID,
+		lease:     lease,
 		cfg:       cfg,
-		keeper:    cfg.NewKeeper(sent, grantedTTL(cfg.ttl, resp.TTL), "store", "etcd", "lease", fmt.Sprintf("%x", int64(resp.ID))),
+		keeper:    cfg.NewKeeper(sent, ttl, "store", "etcd", "lease", fmt.Sprintf("%x", int64(lease))),
 		renewDone: make(chan struct{}),
 	}
 	s.bg = core.NewBackground(s.keeper.Context())
@@ -247,6 +250,23 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 	rctx, s.stop = context.WithCancel(context.Background())
 	go s.renew(rctx)
 	return s, nil
+}
+
+// grantLease grants a lease of ttl under an ID of our own, through
+// clientv3's retrying lease client: a retry after an answer lost finds the
+// ID exists and takes that lease (a random 63-bit ID is no other lease's),
+// instead of granting a second one that would stay until its TTL. It
+// returns the ID and the TTL granted (at most ttl).
+func grantLease(ctx context.Context, client *clientv3.Client, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
+	id := clientv3.LeaseID(rand.Int64N(math.MaxInt64) + 1)
+	resp, err := clientv3.RetryLeaseClient(client).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: int64(ttl / time.Second)})
+	switch err := rpctypes.Error(err); {
+	case errors.Is(err, rpctypes.ErrLeaseExist):
+		return id, ttl, nil
+	case err != nil:
+		return id, 0, err
+	}
+	return id, grantedTTL(ttl, resp.TTL), nil
 }
 
 // warnEarlyRevoke asks each endpoint for its version (each request bounded

@@ -145,7 +145,7 @@ func TestTimedOutCloseConsul(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, s := range all {
-				if s.Name == "holdfast" && !slices.ContainsFunc(before, func(b *api.SessionEntry) bool { return b.ID == s.ID }) {
+				if strings.HasPrefix(s.Name, "holdfast ") && !slices.ContainsFunc(before, func(b *api.SessionEntry) bool { return b.ID == s.ID }) {
 					t.Errorf("holdfast's session %s left after it exited (until its TTL)", s.ID)
 				}
 			}

@@ -187,3 +187,37 @@ func TestIsolatedMemberHolderToldFirst(t *testing.T) {
 	defer c.MendPeer(isolated)
 	toldFirst(t, g, wm, 3*time.Second, 20*time.Second, func() { c.CutPeer(isolated) })
 }
+
+// TestSessionGrantAnswerLost: a session whose lease grant applied without
+// an answer takes that lease on the retry (its ID is chosen by holdfast),
+// instead of a second one: no lease but the session's while it is open,
+// none after Close.
+func TestSessionGrantAnswerLost(t *testing.T) {
+	c := etcdtest.Etcd(t)
+	f := etcdtest.NewFaults()
+	cli := c.Client(t, f.Install)
+	hit := f.Inject(etcdtest.Rule{Method: "/etcdserverpb.Lease/LeaseGrant", Mode: etcdtest.LoseAnswer})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := etcd.NewSession(ctx, cli)
+	if !hit() {
+		t.Fatal("the fault did not hit the lease grant")
+	}
+	if err != nil {
+		t.Fatalf("NewSession with the grant's answer lost: %v", err)
+	}
+	admin := c.Client(t)
+	leases, err := admin.Leases(ctx)
+	if err != nil || len(leases.Leases) != 1 || leases.Leases[0].ID != s.Lease() {
+		t.Errorf("leases %v (%v): want the session's %x alone", leases, err, int64(s.Lease()))
+	}
+	if _, err := newMutex(t, s, "grantlost").Lock(ctx); err != nil {
+		t.Errorf("Lock on the session: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if leases, err := admin.Leases(ctx); err != nil || len(leases.Leases) != 0 {
+		t.Errorf("leases after Close: %v (%v), want none", leases, err)
+	}
+}

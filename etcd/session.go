@@ -14,6 +14,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/holdfast/holdfast"
 	"github.com/holdfast/holdfast/internal/core"
@@ -259,8 +260,11 @@ func start(ctx context.Context, client *clientv3.Client, cfg sessionConfig) (*Se
 // returns the ID and the TTL granted (at most ttl).
 func grantLease(ctx context.Context, client *clientv3.Client, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
 	id := clientv3.LeaseID(rand.Int64N(math.MaxInt64) + 1)
-	resp, err := clientv3.RetryLeaseClient(client).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: int64(ttl / time.Second)})
-	switch err := rpctypes.Error(err); {
+	// WaitForReady and ContextError as clientv3's own Grant: without a
+	// connection it waits for one until ctx ends (and the session's error
+	// says why there was none).
+	resp, err := clientv3.RetryLeaseClient(client).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: int64(ttl / time.Second)}, grpc.WaitForReady(true))
+	switch err := rpctypes.Error(clientv3.ContextError(ctx, err)); {
 	case errors.Is(err, rpctypes.ErrLeaseExist):
 		return id, ttl, nil
 	case err != nil:

@@ -35,6 +35,9 @@ type Grant struct {
 	ending   bool // the store release has been started
 	finished chan struct{}
 	result   error // of the store release, once finished is closed
+	// unanswered is the error of Unlock's first release attempt when the
+	// session retries it: that attempt may have applied.
+	unanswered error
 
 	// Observation (see Observed): the name reported, when the grant was
 	// handed out, and whether its end was reported.
@@ -280,6 +283,7 @@ func (g *Grant) Unlock(ctx context.Context) error {
 			g.result = err
 			g.complete()
 		} else {
+			g.unanswered = err
 			g.background()
 			if err := g.await(ctx); err != nil {
 				return err
@@ -289,6 +293,10 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	switch err := g.result; {
 	case err == nil:
 		return nil
+	case errors.Is(err, holdfast.ErrNotHeld) && g.unanswered != nil:
+		// Our first attempt may have removed the key without its answer
+		// reaching us: no request can tell that from a removal from outside.
+		return fmt.Errorf("%w: %s was gone when its release was sent again: the first attempt (%v) may have removed it with its answer lost, or it was removed or taken over from outside: %w", holdfast.ErrNotHeld, g.key, g.unanswered, err)
 	case errors.Is(err, holdfast.ErrNotHeld):
 		// The guard failed although nothing had told us of a loss: the key
 		// was removed or taken over from outside.

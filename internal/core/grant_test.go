@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -231,6 +232,32 @@ func TestGrantUnlockGuardFailed(t *testing.T) {
 			t.Errorf("release called %d times, want 1 (a failed guard is final)", f.releaseCalls())
 		}
 		checkEnded(t, g, f, holdfast.ErrReleased)
+	})
+}
+
+// A first release attempt without an answer, retried by the session, and
+// the retry's guard failed: the first attempt may have removed the key.
+// Unlock says both, with ErrNotHeld; with no retry, it says "from outside"
+// alone.
+func TestGrantUnlockRetriedGuardFailed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSession()
+		defer s.close()
+		f := newFakeStore(errors.New("connection reset"), fmt.Errorf("%w: create revision changed", holdfast.ErrNotHeld))
+		g := f.grant(s)
+		err := g.Unlock(context.Background())
+		if !errors.Is(err, holdfast.ErrNotHeld) || !strings.Contains(err.Error(), "the first attempt (connection reset) may have removed it with its answer lost, or it was removed or taken over from outside") {
+			t.Fatalf("Unlock whose retried release found the key gone: %v, want ErrNotHeld saying the first attempt may have removed it", err)
+		}
+		if f.releaseCalls() != 2 {
+			t.Errorf("release called %d times, want 2", f.releaseCalls())
+		}
+		checkEnded(t, g, f, holdfast.ErrReleased)
+
+		f = newFakeStore(fmt.Errorf("%w: create revision changed", holdfast.ErrNotHeld))
+		if err := f.grant(s).Unlock(context.Background()); strings.Contains(err.Error(), "first attempt") || !strings.Contains(err.Error(), "from outside") {
+			t.Errorf("Unlock whose first release found the key gone: %v, want it to say from outside alone", err)
+		}
 	})
 }
 

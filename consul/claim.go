@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -147,40 +148,21 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 
 // session creates a claim session: TTL ttl, behavior delete, lock-delay 0,
 // no checks, named "holdfast claim <name> <random text>", so that one whose
-// creation had no answer (and may be applied later) can be found and
-// destroyed, within ttl.
+// creation had no answer is taken (createSession) or, if it may be applied
+// later, found and destroyed within ttl.
 func (o *Once) session(ctx context.Context, ttl time.Duration) (string, error) {
 	name := "holdfast claim " + o.name + " " + rand.Text()
-	body := map[string]any{"Name": name, "TTL": ttl.String(), "LockDelay": "0ms", "Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{}}
-	id, _, err := createSession(ctx, o.s.client, body)
+	id, _, err := createSession(ctx, o.s.client, name, map[string]any{"TTL": ttl.String(), "LockDelay": "0ms", "Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{}})
 	if answerLost(err) {
-		core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error { return o.destroyNamed(ctx, name) })
+		core.Dispose(ctx, o.s.bg, core.Backoff{Attempt: core.AttemptTimeout, Max: 5 * time.Second}, ttl, func(ctx context.Context) error {
+			id, err := sessionNamed(ctx, o.s.client, name)
+			if err != nil || id == "" { // none yet: its creation may still be applied
+				return cmp.Or(err, errors.New("holdfast/consul: no session "+name+" yet"))
+			}
+			return o.destroy(ctx, id)
+		})
 	}
-	if err != nil {
-		return "", apiError("create claim session", err)
-	}
-	return id, nil
-}
-
-// errNoLeftover: no claim session of that name yet (its creation may still
-// be applied).
-var errNoLeftover = errors.New("holdfast/consul: no claim session of that name yet")
-
-// destroyNamed destroys the sessions called name: errNoLeftover if none.
-func (o *Once) destroyNamed(ctx context.Context, name string) error {
-	ids, err := sessionsNamed(ctx, o.s.client, name)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return errNoLeftover
-	}
-	for _, id := range ids {
-		if err := o.destroy(ctx, id); err != nil {
-			return err
-		}
-	}
-	return nil
+	return id, err
 }
 
 // destroy destroys the claim session id: nil if it is gone.

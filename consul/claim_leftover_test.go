@@ -16,9 +16,10 @@ import (
 )
 
 // TestClaimSessionLeftover: a claim session whose creation Consul applied
-// but whose answer never reached the claim (the answer lost, or the request
-// applied after the claim's context ended, as when a frozen agent resumes)
-// is looked up by its unique name and destroyed: none is left once Claim
+// but whose answer never reached the claim is looked up by its unique name:
+// with the answer lost, it is found and the claim takes it (its Unlock
+// destroys it); applied after the claim's context ended (as when a frozen
+// agent resumes), it is destroyed. None is left once Claim or Unlock
 // returned (within core.ClaimCleanup), in each mode.
 func TestClaimSessionLeftover(t *testing.T) {
 	t.Parallel()
@@ -39,13 +40,24 @@ func TestClaimSessionLeftover(t *testing.T) {
 			f.Late = 100 * time.Millisecond
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			defer cancel()
-			if cl, err := o.Claim(ctx); err == nil {
-				t.Fatalf("claim %v succeeded, want the creation's error", cl.id)
-			}
+			cl, err := o.Claim(ctx)
 			select {
 			case <-f.Fired():
 			default:
 				t.Fatal("the fault did not fire")
+			}
+			switch {
+			case mode == embedtest.FaultLate && err == nil:
+				t.Fatalf("claim %v succeeded, want the creation's error", cl.id)
+			case mode == embedtest.FaultLoseAnswer && err != nil:
+				t.Fatalf("claim with the creation's answer lost: %v", err)
+			case mode == embedtest.FaultLoseAnswer:
+				if ids := claimSessions(t, admin, name); len(ids) != 1 || ids[0] != cl.id {
+					t.Errorf("claim sessions %v, want the claim's %s alone", ids, cl.id)
+				}
+				if err := cl.Unlock(context.Background()); err != nil {
+					t.Fatal(err)
+				}
 			}
 			<-f.Done()
 			waitFor(t, core.ClaimCleanup, "no claim session left", func() bool { return len(claimSessions(t, admin, name)) == 0 })

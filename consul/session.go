@@ -210,16 +210,10 @@ func NewSession(ctx context.Context, client *api.Client, opts ...SessionOption) 
 func openSession(ctx context.Context, client *api.Client, owned *http.Transport, cfg sessionConfig) (*Session, error) {
 	cfg.dial = dialConfig{} // nothing of the credentials stays in the session
 	lockDelay := fmt.Sprintf("%dms", (cfg.lockDelay + time.Millisecond - 1).Milliseconds())
-	name := cfg.name + " " + rand.Text()
-	body := map[string]any{"Name": name, "TTL": cfg.ttl.String(), "LockDelay": lockDelay, "Behavior": cfg.behavior, "NodeChecks": cfg.nodeChecks}
-	id, sent, err := createSession(ctx, client, body)
-	if answerLost(err) { // it may have applied: the session of that name is ours
-		if ids, lerr := sessionsNamed(ctx, client, name); lerr == nil && len(ids) == 1 {
-			id, err = ids[0], nil
-		}
-	}
+	body := map[string]any{"TTL": cfg.ttl.String(), "LockDelay": lockDelay, "Behavior": cfg.behavior, "NodeChecks": cfg.nodeChecks}
+	id, sent, err := createSession(ctx, client, cfg.name+" "+rand.Text(), body)
 	if err != nil {
-		return nil, apiError("create session", err)
+		return nil, err
 	}
 	s := &Session{
 		client:    client,
@@ -241,40 +235,43 @@ func openSession(ctx context.Context, client *api.Client, owned *http.Transport,
 	return s, nil
 }
 
-// createSession creates a session with body's fields, all explicit (the
-// Go API omits a zero LockDelay), sent again while Consul refuses it
-// unapplied, within requestTimeout; sent: when the last attempt went.
-func createSession(ctx context.Context, client *api.Client, body map[string]any) (id string, sent time.Time, err error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
+// createSession creates a session called name with body's other fields,
+// all explicit (the Go API omits a zero LockDelay), within requestTimeout
+// (see write); sent: when the last attempt went. One created with its
+// answer lost is found by its name and taken; if it is not found, the
+// error is answerLost's: it may still be applied.
+func createSession(ctx context.Context, client *api.Client, name string, body map[string]any) (id string, sent time.Time, err error) {
+	body["Name"] = name
 	var out struct{ ID string }
-	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
-		sent = time.Now()
-		_, err = client.Raw().Write("/v1/session/create", body, &out, writeOpts(ctx))
-		return err
-	})
-	if err == nil && out.ID == "" {
+	if sent, err = write(ctx, client, "/v1/session/create", body, &out); err == nil && out.ID == "" {
 		err = errors.New("empty session ID in the answer")
 	}
-	return out.ID, sent, err
+	if answerLost(err) { // it may have applied: the session of that name is ours
+		if found, lerr := sessionNamed(ctx, client, name); lerr == nil && found != "" {
+			out.ID, err = found, nil
+		}
+	}
+	if err != nil {
+		return "", sent, apiError("create session "+name, err)
+	}
+	return out.ID, sent, nil
 }
 
-// sessionsNamed lists the IDs of the sessions called name, within
-// requestTimeout.
-func sessionsNamed(ctx context.Context, client *api.Client, name string) ([]string, error) {
+// sessionNamed returns the ID of the session called name ("": none),
+// within requestTimeout; a name with its random suffix names one at most.
+func sessionNamed(ctx context.Context, client *api.Client, name string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	all, _, err := client.Session().List((&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return nil, apiError("list sessions", err)
+		return "", apiError("list sessions", err)
 	}
-	var ids []string
 	for _, e := range all {
 		if e.Name == name {
-			ids = append(ids, e.ID)
+			return e.ID, nil
 		}
 	}
-	return ids, nil
+	return "", nil
 }
 
 func writeOpts(ctx context.Context) *api.WriteOptions { return (&api.WriteOptions{}).WithContext(ctx) }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -18,32 +19,34 @@ import (
 // (Grant.Txn adds its guard to yours).
 const MaxTxnOps = 128
 
-// txn sends ops to /v1/txn as one transaction, sent again while Consul
+// write sends in to path, with out for the answer, sent again while Consul
 // refuses it unapplied (see refused), until ctx ends or requestTimeout
-// passes. When Consul rolls it back (HTTP 409), the error is a *rollback
-// and the response holds its Errors.
-func (s *Session) txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+// passes; sent: when the last attempt went.
+func write(ctx context.Context, client *api.Client, path string, in, out any) (sent time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	var resp *api.TxnResponse
-	var err error
 	_ = core.Backoff{Final: func(err error) bool { return !refused(err) }}.Retry(ctx, func(ctx context.Context) error {
-		var out api.TxnResponse
-		_, err = s.client.Raw().Write("/v1/txn", ops, &out, writeOpts(ctx))
-		resp = &out
-		var se api.StatusError
-		switch {
-		case errors.As(err, &se) && se.Code == http.StatusConflict && json.Unmarshal([]byte(se.Body), &out) == nil && len(out.Errors) > 0:
-			err = &rollback{errs: out.Errors}
-		case err != nil:
-			resp = nil
-		}
+		sent = time.Now()
+		_, err = client.Raw().Write(path, in, out, writeOpts(ctx))
 		return err
 	})
-	if err != nil && resp == nil {
-		err = apiError("transaction", err)
+	return sent, err
+}
+
+// txn sends ops to /v1/txn as one transaction (see write). When Consul
+// rolls it back (HTTP 409), the error is a *rollback and the response holds
+// its Errors.
+func (s *Session) txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse, error) {
+	var out api.TxnResponse
+	_, err := write(ctx, s.client, "/v1/txn", ops, &out)
+	var se api.StatusError
+	switch {
+	case errors.As(err, &se) && se.Code == http.StatusConflict && json.Unmarshal([]byte(se.Body), &out) == nil && len(out.Errors) > 0:
+		return &out, &rollback{errs: out.Errors}
+	case err != nil:
+		return nil, apiError("transaction", err)
 	}
-	return resp, err
+	return &out, nil
 }
 
 // The operations of a transaction on key: kvOp's verb, check-session,

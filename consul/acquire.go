@@ -73,18 +73,11 @@ func acquire(ctx context.Context, s *Session, name string, try bool, reentry *co
 // child of the session's context, is released through it.
 
 func (a *acquisition) cleanup() (leftover, bool, bool) {
-	return leftover{name: a.m.name, m: a.m}, a.queueIndex != 0 || a.uncertain, a.uncertain
+	return leftover{name: a.m.name, clean: a.m.clean}, a.queueIndex != 0 || a.uncertain, a.uncertain
 }
 
 func (a *acquisition) grant(token uint64, free func()) (*Grant, error) {
-	s := a.m.s
-	g := &Grant{s: s, prefix: a.m.prefix(), rel: a}
-	g.base = core.NewGrant(s.keeper, s.bg, a.m.lockKey(), holdfast.Token(token), (*ending)(g), free)
-	s.hold(g)
-	if g.Context().Err() != nil {
-		return nil, s.alive() // the session ended: Close releases the key
-	}
-	return g, nil
+	return a.m.s.grant(a.m.lockKey(), a.m.prefix(), token, a, free)
 }
 
 // settle removes what a failed join of j left, in the session's
@@ -100,14 +93,12 @@ func (s *Session) settle(ctx context.Context, j joiner, free func()) {
 	if uncertain {
 		s.sweepLater(l)
 	}
-	grace := time.NewTimer(cleanupGrace)
-	defer grace.Stop()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		select {
 		case <-done:
-		case <-grace.C:
+		case <-time.After(cleanupGrace):
 		}
 	}
 }

@@ -75,7 +75,7 @@ func (o *Once) ClaimPeriod(ctx context.Context, period time.Time) (c *Claim, err
 	var sent time.Time
 	for {
 		// 1. read the record: refused if it holds period or a later one
-		rec, err := o.read(ctx, o.record)
+		rec, err := o.s.get(ctx, o.record, true)
 		if err != nil {
 			return nil, o.fail(ctx, err)
 		}
@@ -133,7 +133,7 @@ func (o *Once) mark(ctx context.Context, id string, period time.Time, rec *api.K
 	case rb != nil && rb.failed(0):
 		return 0, errRecordMoved
 	case err != nil:
-		if e, rerr := o.read(ctx, o.run); rerr == nil && e != nil && e.Session == id {
+		if e, rerr := o.s.get(ctx, o.run, true); rerr == nil && e != nil && e.Session == id {
 			return e.ModifyIndex, nil // the transaction's index, the record's too
 		}
 		return 0, o.fail(ctx, err)
@@ -195,23 +195,12 @@ func (o *Once) refusedBy(period time.Time, rec *api.KVPair) error {
 // the mark, which it reads (best effort) to say which.
 func (o *Once) running(ctx context.Context, period time.Time) error {
 	what := fmt.Sprintf("%s for period %s", o.name, period.Format(time.RFC3339))
-	e, err := o.read(ctx, o.run)
+	e, err := o.s.get(ctx, o.run, true)
 	if err != nil || e == nil {
 		return fmt.Errorf("%w: %s: a run still holds", holdfast.ErrClaimed, what)
 	}
 	rp, _ := core.ParsePeriod(e.Value)
 	return fmt.Errorf("%w: %s: the run of period %s (token %d) still holds", holdfast.ErrClaimed, what, rp.Format(time.RFC3339), e.ModifyIndex)
-}
-
-// read reads key, consistently, within requestTimeout (nil: absent).
-func (o *Once) read(ctx context.Context, key string) (*api.KVPair, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	e, _, err := o.s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
-	if err != nil {
-		return nil, apiError("read "+key, err)
-	}
-	return e, nil
 }
 
 // fail is the error of a failed claim: the session's end, ctx's, or err.

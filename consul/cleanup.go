@@ -12,12 +12,11 @@ import (
 	"github.com/holdfast/holdfast/internal/core"
 )
 
-// leftover is what a failed acquisition of name may have left in Consul:
-// m's queue entry, and its lock key if our session may hold it.
+// leftover is what a failed acquisition of name may have left in Consul,
+// and how to remove it (Mutex.clean, or a permit's leave).
 type leftover struct {
-	name string
-	m    *Mutex
-	fn   func(context.Context) error // if set, the cleanup (a permit's: see permits.leave); m is unused
+	name  string
+	clean func(context.Context) error
 }
 
 // cleanUp removes l in the session's background, retried until Consul
@@ -28,7 +27,7 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 	task := func(ctx context.Context) {
 		defer close(done)
 		defer free()
-		err := core.Retry(ctx, func(actx context.Context) error { return s.clean(actx, l) })
+		err := core.Retry(ctx, l.clean)
 		if err == nil || ctx.Err() == nil {
 			return // done, or refused for good
 		}
@@ -36,7 +35,7 @@ func (s *Session) cleanUp(l leftover, free func()) <-chan struct{} {
 		// release would stay in Consul.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), core.AttemptTimeout)
 		defer cancel()
-		if s.clean(actx, l) != nil {
+		if l.clean(actx) != nil {
 			s.abandon(l)
 		}
 	}
@@ -67,7 +66,7 @@ func (s *Session) sweepLater(l leftover) {
 				return err
 			}
 			defer free()
-			if err := core.Retry(ctx, func(actx context.Context) error { return s.clean(actx, l) }); err != nil && ctx.Err() == nil {
+			if err := core.Retry(ctx, l.clean); err != nil && ctx.Err() == nil {
 				return err // refused for good
 			}
 			return errSweepAgain
@@ -86,23 +85,20 @@ func (s *Session) abandon(l leftover) {
 // clean takes our entry out of the queue (Mutex.leave), then releases the
 // lock key if our session holds it: with our entry gone, no handoff to us
 // can follow. The caller holds the name's slot.
-func (s *Session) clean(ctx context.Context, l leftover) error {
-	if l.fn != nil {
-		return l.fn(ctx)
-	}
-	e, err := l.m.leave(ctx)
+func (m *Mutex) clean(ctx context.Context) error {
+	e, err := m.leave(ctx)
 	switch {
 	case err != nil:
 		return err
 	case e == nil:
-	case e.Session == s.id:
-		if err := s.releaseKey(ctx, l.m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
+	case e.Session == m.s.id:
+		if err := m.s.releaseKey(ctx, m.lockKey()); err != nil && !errors.Is(err, holdfast.ErrNotHeld) {
 			return err
 		}
 	case e.Session == "" && e.Flags == api.LockFlagValue:
 		// A free lock key of an invalidated holder: the last one to
 		// give up deletes it, if still free (its lock-delay outlives it).
-		_, _ = s.txn(ctx, api.TxnOps{deleteCAS(l.m.lockKey(), e.ModifyIndex)})
+		_, _ = m.s.txn(ctx, api.TxnOps{deleteCAS(m.lockKey(), e.ModifyIndex)})
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
@@ -71,11 +72,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 		return err
 	}
 	s := e.m.s // an acquire by the holder keeps its CreateIndex and LockIndex
-	_, err = s.guardedTxn(ctx, g.Key(), proclaimGuard(g), api.TxnOps{lockOp(g.Key(), s.id, value)}, func() error {
-		g.base.Lose(fmt.Errorf("%w: %s is no longer held by session %s (Proclaim's check failed)", holdfast.ErrLost, g.Key(), s.id))
-		s.checkSoon()
-		return g.base.NotHeld()
-	})
+	_, err = s.guardedTxn(ctx, g.base, g.Key(), "session "+s.id, proclaimGuard(g), api.TxnOps{lockOp(g.Key(), s.id, value)})
 	return err
 }
 
@@ -100,13 +97,8 @@ func (e *Election) Leader(ctx context.Context) (holdfast.Leader, error) {
 	if ctx == nil {
 		return holdfast.Leader{}, fmt.Errorf("%w: nil context", holdfast.ErrInvalidArgument)
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	kv, _, err := e.m.s.client.KV().Get(e.m.lockKey(), (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return holdfast.Leader{}, apiError("leader of "+e.m.name, err)
-	}
-	if err := e.m.compatibleLock(kv); err != nil {
+	kv, err := e.m.s.get(ctx, e.m.lockKey(), false)
+	if err = cmp.Or(err, e.m.compatibleLock(kv)); err != nil {
 		return holdfast.Leader{}, err
 	}
 	l := leaderOf(kv)

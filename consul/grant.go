@@ -48,6 +48,19 @@ func (e *ending) Release(ctx context.Context) error {
 
 var _ holdfast.Grant = (*Grant)(nil)
 
+// grant returns the Grant of key, under prefix, that rel ends and that
+// calls free once ended, held by s; if s ended meanwhile, its end (Close
+// releases the key).
+func (s *Session) grant(key, prefix string, token uint64, rel releaser, free func()) (*Grant, error) {
+	g := &Grant{s: s, prefix: prefix, rel: rel}
+	g.base = core.NewGrant(s.keeper, s.bg, key, holdfast.Token(token), (*ending)(g), free)
+	s.hold(g)
+	if g.Context().Err() != nil {
+		return nil, s.alive()
+	}
+	return g, nil
+}
+
 // Key implements holdfast.Grant.
 func (g *Grant) Key() string { return g.base.Key() }
 
@@ -93,21 +106,26 @@ func (s *Session) heldTxn(ctx context.Context, base *core.Grant, prefix string, 
 	if !base.Held() {
 		return nil, base.NotHeld()
 	}
-	return s.guardedTxn(ctx, base.Key(), guard, ops, func() error {
-		base.Lose(fmt.Errorf("%w: %s is no longer held by %s (a guarded transaction failed its check)", holdfast.ErrLost, base.Key(), whose))
-		s.checkSoon()
-		return base.NotHeld()
-	})
+	return s.guardedTxn(ctx, base, base.Key(), whose, guard, ops)
 }
 
-// guardedTxn sends guard, then ops, in one transaction (see Txn); if guard
-// fails, the error is lost's (unless an ACL refused it).
-func (s *Session) guardedTxn(ctx context.Context, what string, guard, ops api.TxnOps, lost func() error) (*api.TxnResponse, error) {
+// lossy is what a failed guard ends: a core.Grant or core.Multi.
+type lossy interface {
+	Lose(cause error)
+	NotHeld() error
+}
+
+// guardedTxn sends guard, then ops, in one transaction (see Txn) on what,
+// held by whose; if guard fails (and no ACL refused it), g is lost and the
+// error is its NotHeld.
+func (s *Session) guardedTxn(ctx context.Context, g lossy, what, whose string, guard, ops api.TxnOps) (*api.TxnResponse, error) {
 	resp, err := s.txn(ctx, append(guard, ops...))
 	var rb *rollback
 	switch {
 	case errors.As(err, &rb) && rb.failedBefore(len(guard)) && !rb.denied():
-		return nil, lost()
+		g.Lose(fmt.Errorf("%w: %s is no longer held by %s (a guarded transaction failed its check)", holdfast.ErrLost, what, whose))
+		s.checkSoon()
+		return nil, g.NotHeld()
 	case rb != nil && rb.failedBefore(len(guard)):
 		return nil, txnError("guarded transaction on "+what, rb)
 	case rb != nil:

@@ -103,7 +103,7 @@ func inspectPermits(st *holdfast.State, lock *api.KVPair, pairs api.KVPairs, con
 	ps, err := decodeSemaphoreLock(lock.Value, 0)
 	if lock.Flags == RWMutexFlagValue {
 		st.Kind = holdfast.KindRWMutex
-		ps, err = decodeRWLock(lock.Value)
+		ps, err = decodeRWLock(lock.Value, 0)
 	}
 	if err != nil {
 		st.Other = append(st.Other, fmt.Sprintf("%s (%v)", lock.Key, err))
@@ -140,12 +140,8 @@ func permit(ct holdfast.Contender, p *api.KVPair, kind holdfast.Kind, held, excl
 			ct.Value = p.Value
 		}
 	}
-	switch {
-	case kind != holdfast.KindRWMutex:
-	case exclusive:
-		ct.Mode = "write"
-	default:
-		ct.Mode = "read"
+	if kind == holdfast.KindRWMutex {
+		ct.Mode = rwMode[exclusive]
 	}
 	return ct
 }

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -28,10 +29,7 @@ func NewMultiMutex(s *Session, names ...string) (*MultiMutex, error) {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
 	}
 	sorted, err := core.MultiNames(names)
-	if err == nil {
-		err = s.alive()
-	}
-	if err != nil {
+	if err = cmp.Or(err, s.alive()); err != nil {
 		return nil, err
 	}
 	return &MultiMutex{s: s, names: sorted}, nil
@@ -116,9 +114,5 @@ func (g *MultiGrant) Txn(ctx context.Context, ops api.TxnOps) (*api.TxnResponse,
 	if !g.multi.Held() {
 		return nil, g.multi.NotHeld()
 	}
-	return s.guardedTxn(ctx, fmt.Sprint(g.multi.Names()), guard, ops, func() error {
-		g.multi.Lose(fmt.Errorf("%w: a part's lock key is no longer held by session %s (a guarded transaction failed its check)", holdfast.ErrLost, s.id))
-		s.checkSoon()
-		return g.multi.NotHeld()
-	})
+	return s.guardedTxn(ctx, g.multi, fmt.Sprint("a lock key of ", g.multi.Names()), "session "+s.id, guard, ops)
 }

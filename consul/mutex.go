@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -51,10 +52,7 @@ func NewMutex(s *Session, name string, opts ...holdfast.LockOption) (*Mutex, err
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil session", holdfast.ErrInvalidArgument)
 	}
-	if err := holdfast.ValidateName(name); err != nil {
-		return nil, err
-	}
-	if err := s.alive(); err != nil {
+	if err := cmp.Or(holdfast.ValidateName(name), s.alive()); err != nil {
 		return nil, err
 	}
 	return &Mutex{s: s, name: name, reentry: core.Reentry[*Grant]{Enabled: options.ApplyLock(opts).Reentrant}}, nil

@@ -43,8 +43,8 @@ type permitKind struct {
 
 var (
 	semaphoreKind = &permitKind{"semaphore", api.SemaphoreFlagValue, valWait, valWait, true, decodeSemaphoreLock}
-	rwKind        = &permitKind{"read-write lock", RWMutexFlagValue, valRead, valWrite, false,
-		func(value []byte, _ int) (permitState, error) { return decodeRWLock(value) }}
+	rwKind        = &permitKind{"read-write lock", RWMutexFlagValue, valRead, valWrite, false, decodeRWLock}
+	rwMode        = map[bool]string{false: "read", true: "write"} // an RWMutex holder's, by exclusive
 )
 
 // permits is a Semaphore's (limit > 0) or an RWMutex's (limit 0) keys.
@@ -297,8 +297,8 @@ func decodeSemaphoreLock(value []byte, limit int) (permitState, error) {
 }
 
 // decodeRWLock decodes {"Holders":{"<session>":"read"|"write"}}, an
-// RWMutex's lock value; a writer beside anyone is an error.
-func decodeRWLock(value []byte) (permitState, error) {
+// RWMutex's lock value (it has no limit); a writer beside anyone is an error.
+func decodeRWLock(value []byte, _ int) (permitState, error) {
 	st := permitState{holders: map[string]bool{}}
 	var l struct{ Holders map[string]string }
 	if len(value) == 0 {
@@ -328,7 +328,7 @@ func encodeLock(st permitState) []byte {
 	for h, x := range st.holders {
 		l.Holders[h] = true // api.Semaphore's
 		if st.limit == 0 {
-			l.Holders[h] = map[bool]string{false: "read", true: "write"}[x]
+			l.Holders[h] = rwMode[x]
 		}
 	}
 	b, _ := json.Marshal(l) // cannot fail

@@ -82,7 +82,7 @@ func FuzzRWLock(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, value []byte) {
-		st, err := decodeRWLock(value)
+		st, err := decodeRWLock(value, 0)
 		if err != nil {
 			return
 		}
@@ -95,7 +95,7 @@ func FuzzRWLock(f *testing.F) {
 		if writers > 1 || writers == 1 && len(st.holders) > 1 {
 			t.Fatalf("accepted %q: %v", value, st.holders)
 		}
-		again, err := decodeRWLock(encodeLock(st))
+		again, err := decodeRWLock(encodeLock(st), 0)
 		if err != nil || !maps.Equal(again.holders, st.holders) {
 			t.Fatalf("round trip of %q: %+v, %v", value, again, err)
 		}

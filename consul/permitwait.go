@@ -34,20 +34,13 @@ func (a *pacq) cleanup() (leftover, bool, bool) { return a.p.leftover(), a.left,
 
 // grant wraps our admitted contender key in a Grant that a releases.
 func (a *pacq) grant(token uint64, free func()) (*Grant, error) {
-	p := a.p
 	a.free = free
-	g := &Grant{s: p.s, prefix: p.prefix, rel: a}
-	g.base = core.NewGrant(p.s.keeper, p.s.bg, p.myKey, holdfast.Token(token), (*ending)(g), free)
-	p.s.hold(g)
-	if g.Context().Err() != nil {
-		return nil, p.s.alive() // the session ended meanwhile; Close releases the key
-	}
-	return g, nil
+	return a.p.s.grant(a.p.myKey, a.p.prefix, token, a, free)
 }
 
 // leftover removes our key and our place among the holders.
 func (p *permits) leftover() leftover {
-	return leftover{name: p.name, fn: func(ctx context.Context) error { return p.leave(ctx, leaveCleanup) }}
+	return leftover{name: p.name, clean: func(ctx context.Context) error { return p.leave(ctx, leaveCleanup) }}
 }
 
 // try is TryLock: a read, then, if a permit is free and nobody waits, one

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,12 +189,8 @@ func (a *acquisition) atHead(ctx context.Context, lock *api.KVPair) (uint64, *ap
 		}
 		return 0, lock, nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout) // busy: a foreign client took it
-	defer cancel()
-	if lock, _, err = m.s.client.KV().Get(m.lockKey(), (&api.QueryOptions{}).WithContext(rctx)); err != nil {
-		return 0, nil, apiError("read "+m.lockKey(), err)
-	}
-	return 0, lock, nil
+	lock, err = m.s.get(ctx, m.lockKey(), false) // busy: a foreign client took it
+	return 0, lock, err
 }
 
 // handedToUs reports whether lock is held by our session through a write
@@ -451,13 +448,10 @@ func (a *acquisition) list(ctx context.Context) ([]string, error) {
 // holds the key (Mutex.deadLock) or lies under it (Mutex.compatible).
 func (m *Mutex) readChecked(ctx context.Context) (view, error) {
 	v, err := m.read(ctx)
-	if err == nil {
-		err = m.deadLock(ctx, v.lock)
+	if err != nil {
+		return v, err
 	}
-	if err == nil {
-		err = m.compatible(v)
-	}
-	return v, err
+	return v, cmp.Or(m.deadLock(ctx, v.lock), m.compatible(v))
 }
 
 // read returns the subtree of the lock, in one transaction, after ops, and

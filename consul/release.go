@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,10 +37,7 @@ func (a *acquisition) release(ctx context.Context, g *Grant) error {
 		}
 		err := a.look(ctx, first)
 		first = false
-		if err == nil {
-			err = errStale
-		}
-		return err
+		return cmp.Or(err, errStale)
 	})
 	if errors.Is(err, holdfast.ErrNotHeld) { // deleted or taken over from outside
 		a.m.s.checkSoon()
@@ -50,17 +48,12 @@ func (a *acquisition) release(ctx context.Context, g *Grant) error {
 	return err
 }
 
-// drop releases the lock key and leaves the queue (after a loss, or on
-// Close); a free lock key left by our ended session goes too.
+// drop releases the lock key, then cleans up as after a failed Lock
+// (Mutex.clean: after a loss, or on Close).
 func (a *acquisition) drop(ctx context.Context, _ *Grant) error {
-	m := a.m
-	err := m.s.releaseKey(ctx, m.lockKey())
-	e, lerr := m.leave(ctx)
-	if lerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
-		return lerr
-	}
-	if lerr == nil && e != nil && e.Session == "" && e.Flags == api.LockFlagValue {
-		_, _ = m.s.txn(ctx, api.TxnOps{deleteCAS(m.lockKey(), e.ModifyIndex)})
+	err := a.m.s.releaseKey(ctx, a.m.lockKey())
+	if cerr := a.m.clean(ctx); cerr != nil && (err == nil || errors.Is(err, holdfast.ErrNotHeld)) {
+		return cerr
 	}
 	return err
 }

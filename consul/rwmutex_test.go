@@ -221,7 +221,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 	g2 := granted(t, r2, 3*time.Second, "the reader queued at the head")
 	blocked(t, w3, 300*time.Millisecond, "the writer, beside the downgraded reader,")
 	blocked(t, r4, 10*time.Millisecond, "the reader behind the writer")
-	st, err := decodeRWLock(mustGet(t, c, name+"/.lock").Value)
+	st, err := decodeRWLock(mustGet(t, c, name+"/.lock").Value, 0)
 	if err != nil || len(st.holders) != 2 {
 		t.Fatalf("holders %v, %v", st.holders, err)
 	}

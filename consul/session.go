@@ -125,11 +125,10 @@ func newSessionConfig(opts []SessionOption) (sessionConfig, error) {
 	case slices.Contains(c.nodeChecks, ""):
 		return c, fmt.Errorf("%w: empty node check ID", holdfast.ErrInvalidArgument)
 	}
-	if err := c.dial.check(); err != nil {
-		return c, err
+	err := c.dial.check()
+	if err == nil {
+		c.Margin, err = core.Margin(c.ttl, c.Margin, c.MarginSet)
 	}
-	var err error
-	c.Margin, err = core.Margin(c.ttl, c.Margin, c.MarginSet)
 	return c, err
 }
 
@@ -360,9 +359,6 @@ func (s *Session) checkKeys(ctx context.Context, limit time.Duration) {
 	s.mu.Lock()
 	grants := slices.Collect(maps.Values(s.held))
 	s.mu.Unlock()
-	if len(grants) == 0 {
-		return
-	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for batch := range slices.Chunk(grants, maxCheckOps) {
@@ -458,7 +454,7 @@ func (s *Session) close() error {
 		}
 	}
 	for _, l := range left {
-		errs = append(errs, s.clean(ctx, l))
+		errs = append(errs, l.clean(ctx))
 	}
 	// Destroy, sent again until it is answered (it is idempotent).
 	var derr error
@@ -472,7 +468,7 @@ func (s *Session) close() error {
 		// A request of a failed acquisition may have landed after its
 		// cleanup and before the destroy, leaving a freed key: once more.
 		for _, l := range left {
-			_ = s.clean(ctx, l)
+			_ = l.clean(ctx)
 		}
 	}
 	if s.owned != nil {

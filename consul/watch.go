@@ -14,6 +14,18 @@ import (
 // maxDropDead bounds how many dead keys one request removes.
 const maxDropDead = 64
 
+// get reads key within requestTimeout (nil: absent), consistently if
+// consistent.
+func (s *Session) get(ctx context.Context, key string, consistent bool) (*api.KVPair, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	e, _, err := s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: consistent}).WithContext(ctx))
+	if err != nil {
+		return nil, apiError("read "+key, err)
+	}
+	return e, nil
+}
+
 // blockTimeout bounds a blocking query of wait (Consul adds up to wait/16).
 func blockTimeout(wait time.Duration) time.Duration { return wait + wait/16 + 2*time.Second }
 

@@ -92,6 +92,7 @@ func TestExitStatusRows(t *testing.T) {
 		{[]string{"lock"}, "missing NAME and the command"},
 		{[]string{"lock", "--", "true"}, "missing NAME before -- true"},
 		{[]string{"lock", "jobs"}, "missing the command to run after NAME jobs"},
+		{[]string{"lock", "jobs", "--", ""}, "the command to run after NAME jobs is an empty string"},
 		{[]string{"lock", "jobs", "extra", "--", "true"}, "one NAME before --"},
 		{[]string{"lock", "--bogus", "jobs", "--", "true"}, "unknown flag"},
 		{[]string{"lock", "a//b", "--", "true"}, "invalid name"},

@@ -105,8 +105,12 @@ const (
 	actKill = 'K' // SIGKILL: the deadline is here, or holdfast died
 )
 
+// guardArg0 is the guard's argv[0], which it must have too (a user's
+// environment with guardEnv alone does not make holdfast a guard).
+const guardArg0 = "holdfast-guard"
+
 func init() {
-	if v, ok := os.LookupEnv(guardEnv); ok {
+	if v, ok := os.LookupEnv(guardEnv); ok && os.Args[0] == guardArg0 {
 		os.Exit(guardMain(v))
 	}
 }
@@ -244,19 +248,19 @@ type guard struct {
 // (Linux) should holdfast die, and by a guard process should holdfast die
 // or the deadline it feeds (see guard.feed) come near: SIGTERM grace
 // before it, SIGKILL just before. If the guard cannot be started, CMD
-// still runs; the returned warning says what is missing.
+// still runs; the returned warning says what is missing. With a guard, CMD
+// starts as shim: its exec's error is shim.execErr's.
 //
 // m is CMD's membership of jobCtl (see jobControl.start).
-func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, warning error, err error) {
+func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, shim *shimStart, warning error, err error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
 	setParentDeathSignal(cmd.SysProcAttr)
 	if cmd.Err != nil { // not found: nothing to start
-		return nil, nil, cmd.Err
+		return nil, nil, nil, cmd.Err
 	}
-	var shim *shimStart
 	err = jobCtl.start(m, func() (int, *guard, error) {
 		// The guard first, with the deadline as CMD starts: it knows one
 		// before CMD runs, whether or not holdfast runs again to feed it.
@@ -273,6 +277,7 @@ func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, w
 		onStarterThread(func() {
 			if err = cmd.Start(); err == nil {
 				g.send(msgGroup, int64(cmd.Process.Pid))
+				shim.letGo()
 			}
 		})
 		if err != nil {
@@ -284,17 +289,10 @@ func startGuarded(cmd *exec.Cmd, grace time.Duration, m *jobMember) (g *guard, w
 		}
 		return cmd.Process.Pid, g, nil
 	})
-	if err != nil || shim == nil {
-		return g, warning, err
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	// Outside jobCtl's lock: a shim stopped by the terminal before its
-	// exec is a stopped CMD to jobCtl (jobs.go).
-	if err = shim.letGo(); err != nil {
-		_ = cmd.Wait()
-		g.standDown()
-		return nil, nil, err
-	}
-	return g, warning, nil
+	return g, shim, warning, nil
 }
 
 func closeAll(fs []*os.File) {
@@ -323,6 +321,7 @@ func newGuard(grace time.Duration, deadline int64) (*guard, error) {
 	}
 	defer rw.Close()
 	p := exec.Command(exe)
+	p.Args = []string{guardArg0}
 	p.Env = []string{guardEnv + "=" + strconv.FormatInt(int64(grace), 10) + "," + strconv.FormatInt(deadline, 10)}
 	if m, ok := os.LookupEnv("HOLDFAST_MUTANT"); ok { // a mutant build's guard removes the same guard
 		p.Env = append(p.Env, "HOLDFAST_MUTANT="+m)

@@ -246,6 +246,8 @@ func splitCommand(ctx context.Context, args []string) (name string, argv []strin
 		return "", nil, usagef("one NAME before --, got %d arguments: %q", dash, args[:dash])
 	case len(args) == 1:
 		return "", nil, usagef("missing the command to run after NAME %s", args[0])
+	case args[1] == "":
+		return "", nil, usagef("the command to run after NAME %s is an empty string", args[0])
 	}
 	return args[0], args[1:], nil
 }
@@ -349,6 +351,15 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			g, err = acquire(wctx, s)
 			return err
 		})
+		if err == nil && (got != nil || paused.Load()) {
+			// A stop signal or Ctrl-Z came as the grant did: CMD does not
+			// start, as if it had come a moment before.
+			r.release(s, g, name)
+			if got != nil {
+				break
+			}
+			err = context.Canceled
+		}
 		if err != nil && got == nil && paused.Load() && ctx.Err() == nil && actx.Err() == nil {
 			r.verbosef("%s: stopped (SIGTSTP): left the queue; on SIGCONT (fg) holdfast waits again, behind whoever came meanwhile", name)
 			// The session goes too (a wait cancelled early may end it):
@@ -598,7 +609,7 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 	if p.ttl == 0 {
 		p.ttl = time.Until(g.Deadline())
 	}
-	guard, warning, err := startGuarded(cmd, termGrace(p.grace, p.ttl), member)
+	guard, shim, warning, err := startGuarded(cmd, termGrace(p.grace, p.ttl), member)
 	if tty >= 0 && cmd.Process != nil { // started, even if its exec failed
 		pgid := cmd.Process.Pid
 		defer func() {
@@ -727,6 +738,9 @@ wait:
 	}
 	if lostCause != nil {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group runs on without the grant
+	}
+	if err := shim.execErr(); err != nil { // CMD never ran
+		return nil, nil, err
 	}
 	return werr, lostCause, nil
 }

@@ -29,11 +29,16 @@ import (
 // it from CMD's environment.
 const shimEnv = "HOLDFAST_INTERNAL_SHIM"
 
-// shimGo is the one byte on the gate that lets the shim exec CMD.
-const shimGo = 'g'
+// shimGo is the one byte on the gate that lets the shim exec CMD, and
+// shimArg0 the shim's argv[0], which it must have too (a user's
+// environment with shimEnv alone does not make holdfast a shim).
+const (
+	shimGo   = 'g'
+	shimArg0 = "holdfast-shim"
+)
 
 func init() {
-	if v, ok := os.LookupEnv(shimEnv); ok {
+	if v, ok := os.LookupEnv(shimEnv); ok && os.Args[0] == shimArg0 {
 		os.Exit(shimMain(v))
 	}
 }
@@ -71,8 +76,9 @@ func shimMain(arg string) int {
 // shimStart is a CMD started as a shim and not yet let go.
 type shimStart struct {
 	path   string
-	gate   *os.File // the gate's write end; nil once let go
-	status *os.File // the read end of the shim's exec status
+	gate   *os.File   // the gate's write end; nil once let go
+	status *os.File   // the read end of the shim's exec status
+	result chan error // the exec's outcome, once let go (see execErr)
 }
 
 // asShim rewrites cmd, not yet started, to start as a shim that execs
@@ -102,7 +108,7 @@ func asShim(cmd *exec.Cmd) (s *shimStart, closeAfterStart []*os.File, err error)
 	}
 	cmd.Env = append(slices.Clip(env), shimEnv+"="+strconv.Itoa(fd)+","+strconv.Itoa(fd+1))
 	s = &shimStart{path: cmd.Path, gate: gw, status: sr}
-	cmd.Args = append([]string{"holdfast-shim", cmd.Path}, cmd.Args...)
+	cmd.Args = append([]string{shimArg0, cmd.Path}, cmd.Args...)
 	cmd.Path = exe
 	return s, []*os.File{gr, sw}, nil
 }
@@ -117,18 +123,34 @@ func (s *shimStart) abandon() {
 	s.status.Close()
 }
 
-// letGo lets the shim exec CMD and returns the exec's error, if any, in
-// the form exec.Cmd.Start gives it. It returns once CMD runs, or the shim
-// ended: a shim stopped (Ctrl-Z) before its exec keeps it waiting, as a
-// stopped CMD would.
-func (s *shimStart) letGo() error {
+// letGo lets the shim exec CMD, without waiting for the exec: a shim
+// stopped (Ctrl-Z) before its exec is a stopped CMD to holdfast, which
+// goes on renewing and feeding the guard. Nothing on a nil s.
+func (s *shimStart) letGo() {
+	if s == nil {
+		return
+	}
 	_, _ = s.gate.Write([]byte{shimGo}) // fails only if the shim is gone: cmd.Wait says how
 	s.gate.Close()
 	s.gate = nil
-	defer s.status.Close()
-	var m [4]byte
-	if n, _ := io.ReadFull(s.status, m[:]); n == len(m) {
-		return &os.PathError{Op: "fork/exec", Path: s.path, Err: syscall.Errno(binary.BigEndian.Uint32(m[:]))}
+	s.result = make(chan error, 1)
+	go func() {
+		defer s.status.Close()
+		var m [4]byte
+		if n, _ := io.ReadFull(s.status, m[:]); n == len(m) {
+			s.result <- &os.PathError{Op: "fork/exec", Path: s.path, Err: syscall.Errno(binary.BigEndian.Uint32(m[:]))}
+			return
+		}
+		s.result <- nil // exec'd, or the shim was killed before: cmd.Wait says how
+	}()
+}
+
+// execErr waits for the exec of a shim let go, and returns its error, in
+// the form exec.Cmd.Start gives it: nil once CMD runs, or the shim ended
+// without an exec error. Nil on a nil s.
+func (s *shimStart) execErr() error {
+	if s == nil {
+		return nil
 	}
-	return nil // exec'd, or the shim was killed before: cmd.Wait says how
+	return <-s.result
 }

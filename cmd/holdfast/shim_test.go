@@ -50,9 +50,7 @@ func TestShimGate(t *testing.T) {
 	if _, err := os.Stat(ran); err == nil {
 		t.Fatal("CMD ran before the shim was let go")
 	}
-	if err := s.letGo(); err != nil {
-		t.Fatalf("letGo: %v", err)
-	}
+	s.letGo()
 	var got string
 	eventually(t, 10*time.Second, "CMD did not run once let go", func() bool {
 		b, err := os.ReadFile(ran)
@@ -76,7 +74,7 @@ func TestShimGate(t *testing.T) {
 	}
 }
 
-// TestShimExecFails: an exec that fails in the shim is letGo's error, as
+// TestShimExecFails: an exec that fails in the shim is execErr's error, as
 // exec.Cmd.Start gives it (so that holdfast exits 126 or 127 as before).
 func TestShimExecFails(t *testing.T) {
 	t.Parallel()
@@ -85,10 +83,11 @@ func TestShimExecFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd, s := startShim(t, f)
-	err := s.letGo()
+	s.letGo()
+	err := s.execErr()
 	var pe *os.PathError
 	if !errors.As(err, &pe) || pe.Op != "fork/exec" || pe.Path != f || !errors.Is(err, fs.ErrPermission) {
-		t.Errorf("letGo: %v: want fork/exec %s: permission denied", err, f)
+		t.Errorf("execErr: %v: want fork/exec %s: permission denied", err, f)
 	}
 	_ = cmd.Wait()
 }
@@ -121,4 +120,36 @@ func TestCommandProcessState(t *testing.T) {
 	if got := pick(p.stdout.String()); got != want || strings.Count(want, "\n") != 2 {
 		t.Errorf("CMD under holdfast:\n%s\nwant, as started directly:\n%s", got, want)
 	}
+}
+
+// TestShimStoppedBeforeExec: letGo does not wait for the exec, so a shim
+// stopped before it (Ctrl-Z at CMD's start) does not hold holdfast up
+// (which must go on feeding the guard and following job control); CMD runs
+// once the shim is continued.
+func TestShimStoppedBeforeExec(t *testing.T) {
+	t.Parallel()
+	ran := filepath.Join(t.TempDir(), "ran")
+	cmd, s := startShim(t, "sh", "-c", `echo ran > "$1"; sleep 600`, "sh", ran)
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan struct{})
+	go func() { s.letGo(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(2 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
+		t.Fatal("letGo waited for a stopped shim's exec")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("CMD ran while its shim was stopped")
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.execErr(); err != nil {
+		t.Fatalf("execErr: %v", err)
+	}
+	eventually(t, 10*time.Second, "CMD did not run once its shim was continued", func() bool { _, err := os.Stat(ran); return err == nil })
 }

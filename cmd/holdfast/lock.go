@@ -311,8 +311,8 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 			if got, err = waitFor(actx, sigs, func(wctx context.Context) (err error) {
 				s, err = sf.open(wctx)
 				return err
-			}); err != nil {
-				if got == nil && timedOut() {
+			}); err != nil || got != nil { // a stop signal as the session opened: no wait
+				if err != nil && got == nil && timedOut() {
 					err = exitError{exitFailed, explainf(err, "%s: %s did not answer within %v: %v", name, sf.describe(), r.bound, err)}
 				}
 				break

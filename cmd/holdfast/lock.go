@@ -329,7 +329,14 @@ func (r runner) run(ctx context.Context, sf *storeFlags, acquire func(context.Co
 				// joins it again, at its end.
 				tstp := make(chan os.Signal, 1)
 				signal.Notify(tstp, syscall.SIGTSTP)
-				defer signal.Stop(tstp)
+				defer func() {
+					signal.Stop(tstp)
+					select {
+					case <-tstp: // came after the watcher below left
+						paused.Store(true)
+					default:
+					}
+				}()
 				var cancel context.CancelFunc
 				wctx, cancel = context.WithCancel(wctx)
 				defer cancel()
@@ -648,6 +655,8 @@ func runUnder(ctx context.Context, g holdfast.Grant, cmd *exec.Cmd, p policing) 
 	acted := guard.actions()
 	var lastAct byte // the guard's last action; its pipe closes after actKill
 	var kill <-chan time.Time
+	execd := shim.execDone() // until CMD runs, signals for it are held
+	var held []os.Signal
 wait:
 	for {
 		select {
@@ -681,17 +690,15 @@ wait:
 				}
 			}
 		case sig := <-p.sigs:
-			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-			if isStop(sig) && !mutant.On("cmd/signal-escalation") {
-				// A request to stop: a stopped CMD gets it too, and
-				// SIGKILL follows after the grace, so that a CMD stopped
-				// or deaf to it does not hold the grant for ever.
-				_ = syscall.Kill(-pgid, syscall.SIGCONT)
-				if kill == nil {
-					t := time.NewTimer(p.grace)
-					defer t.Stop()
-					kill = t.C
-				}
+			if execd != nil { // not yet to CMD's shim: after its exec
+				held = append(held, sig)
+				continue
+			}
+			kill = passOn(pgid, sig, p.grace, kill)
+		case <-execd:
+			execd = nil
+			for _, sig := range held {
+				kill = passOn(pgid, sig, p.grace, kill)
 			}
 		case <-stop: // our caller gave up (in-process use): as a SIGTERM
 			stop = nil
@@ -743,6 +750,21 @@ wait:
 		return nil, nil, err
 	}
 	return werr, lostCause, nil
+}
+
+// passOn passes sig on to the process group pgid. A request to stop: a
+// stopped CMD gets it too (SIGCONT), and SIGKILL follows after grace
+// (kill, if not yet set, is then when), so that a CMD stopped or deaf to
+// it does not hold the grant for ever.
+func passOn(pgid int, sig os.Signal, grace time.Duration, kill <-chan time.Time) <-chan time.Time {
+	_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+	if isStop(sig) && !mutant.On("cmd/signal-escalation") {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		if kill == nil {
+			return time.After(grace)
+		}
+	}
+	return kill
 }
 
 // stopGroup sends the process group pgid SIGTERM, then SIGKILL once grace

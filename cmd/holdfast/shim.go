@@ -59,6 +59,7 @@ func shimMain(arg string) int {
 			return exitNotFound // holdfast is gone: CMD must not start
 		}
 	}
+	shimPause()
 	syscall.CloseOnExec(gate)
 	syscall.CloseOnExec(status)
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, shimEnv+"=") })
@@ -76,9 +77,10 @@ func shimMain(arg string) int {
 // shimStart is a CMD started as a shim and not yet let go.
 type shimStart struct {
 	path   string
-	gate   *os.File   // the gate's write end; nil once let go
-	status *os.File   // the read end of the shim's exec status
-	result chan error // the exec's outcome, once let go (see execErr)
+	gate   *os.File      // the gate's write end; nil once let go
+	status *os.File      // the read end of the shim's exec status
+	result chan error    // the exec's outcome, once let go (see execErr)
+	done   chan struct{} // closed once result is there
 }
 
 // asShim rewrites cmd, not yet started, to start as a shim that execs
@@ -133,8 +135,9 @@ func (s *shimStart) letGo() {
 	_, _ = s.gate.Write([]byte{shimGo}) // fails only if the shim is gone: cmd.Wait says how
 	s.gate.Close()
 	s.gate = nil
-	s.result = make(chan error, 1)
+	s.result, s.done = make(chan error, 1), make(chan struct{})
 	go func() {
+		defer close(s.done)
 		defer s.status.Close()
 		var m [4]byte
 		if n, _ := io.ReadFull(s.status, m[:]); n == len(m) {
@@ -143,6 +146,17 @@ func (s *shimStart) letGo() {
 		}
 		s.result <- nil // exec'd, or the shim was killed before: cmd.Wait says how
 	}()
+}
+
+// execDone is closed once the shim let go has exec'd CMD or ended; nil
+// (never ready) on a nil s. Until then a signal for CMD would reach the
+// shim, holdfast's own runtime, which ignores USR1 and dumps its
+// goroutines on QUIT: runUnder holds them back.
+func (s *shimStart) execDone() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.done
 }
 
 // execErr waits for the exec of a shim let go, and returns its error, in
